@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` and `make test`. Each creates the virtual environment if
+# it is missing, installs xrl into it, then runs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.xrl-installed
+
+.PHONY: demo test lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { \
+	  if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	    echo "xrl: using the torch already installed for $(PYTHON)"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; }
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/xrl demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check xrl tests graphs experiments
+
+bench: $(STAMP)
+	$(PY) experiments/bench_foundation.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Built-in benchmark graphs (imported as xrl.graphs)."""

@@ -1,0 +1,78 @@
+"""The cost interface every backend implements: `cost(graph) -> seconds`, plus per-op costs.
+
+Per-op backends (analytic, measured per operator) sum op costs, so a rewrite is re-costed from its
+delta: the old cost, minus the removed nodes' costs, plus the added ones' (`delta_cost`). Whole-
+graph backends (onnxruntime, end-to-end GPU timing) set `per_op = False` and measure the graph.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from xrl.ir import Graph, Node
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A timed quantity: median of `repeats` runs after warm-up, and its coefficient of variation."""
+
+    median_s: float
+    repeats: int
+    cv: float  # std / mean over the repeats; 0 for a model that does not measure
+    min_s: float = 0.0
+    max_s: float = 0.0
+
+
+def op_key(node: Node, graph: Graph) -> tuple:
+    """What determines one operator's run time: op, attributes, input types (not names, not values)."""
+    return (node.domain, node.op, node.attr_key(), tuple(str(graph.type_of(v)) if v else "" for v in node.inputs),
+            tuple(graph.is_weight(v) for v in node.inputs))
+
+
+class CostModel(ABC):
+    """Estimated or measured run time of a graph, in seconds."""
+
+    name: str = "base"
+    per_op: bool = True  # True: graph cost is the sum of op costs, and delta_cost is exact
+
+    def __init__(self) -> None:
+        self._op_cache: dict[tuple, float] = {}
+
+    @abstractmethod
+    def _op_cost(self, node: Node, graph: Graph) -> float:
+        """Seconds for one node in `graph` (uncached)."""
+
+    def op_cost(self, node: Node, graph: Graph) -> float:
+        key = op_key(node, graph)
+        c = self._op_cache.get(key)
+        if c is None:
+            c = self._op_cache[key] = self._op_cost(node, graph)
+        return c
+
+    def op_costs(self, graph: Graph) -> dict[str, float]:
+        """node name -> seconds."""
+        return {n.name: self.op_cost(n, graph) for n in graph.nodes.values()}
+
+    def cost(self, graph: Graph) -> float:
+        """Seconds for the whole graph."""
+        return sum(self.op_cost(n, graph) for n in graph.nodes.values())
+
+    def measure(self, graph: Graph) -> Measurement:
+        """The graph's cost with its spread; an analytic model has none."""
+        c = self.cost(graph)
+        return Measurement(c, 1, 0.0, c, c)
+
+    def delta_cost(self, old: Graph, old_cost: float, new: Graph,
+                   removed: Iterable[Node], added: Iterable[Node]) -> float:
+        """Cost of `new`, which is `old` with nodes `removed` replaced by `added`.
+
+        Exact and cheap for per-op models; whole-graph models re-measure `new`.
+        """
+        if not self.per_op:
+            return self.cost(new)
+        return old_cost - sum(self.op_cost(n, old) for n in removed) + sum(self.op_cost(n, new) for n in added)
+
+    def describe(self) -> str:
+        return self.name

@@ -1,0 +1,323 @@
+"""The dataflow graph: immutable nodes over named values, with types, weights and a structural hash.
+
+A Graph is never mutated after construction. A rewrite builds a new Graph with `replace`, which
+shares every untouched Node, TensorType and weight array with its parent: a candidate costs a
+few dict copies, not a deep copy (DESIGN.md, "candidates without whole-graph copies").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from xrl.errors import InvalidGraphError
+from xrl.ir.types import TensorType
+
+AttrValue = Any  # int | float | str | tuple[int, ...] | tuple[float, ...] | np.ndarray (Constant only)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """One operator application. `inputs` may hold "" for an omitted optional input (ONNX style)."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, AttrValue] = field(default_factory=dict)
+    domain: str = ""
+
+    def attr(self, key: str, default: AttrValue = None) -> AttrValue:
+        return self.attrs.get(key, default)
+
+    def attr_key(self) -> tuple:
+        """Attributes as a hashable, order-independent tuple (arrays by content digest)."""
+        return tuple(sorted((k, _hashable(v)) for k, v in self.attrs.items()))
+
+
+def _hashable(v: AttrValue) -> Any:
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.dtype.str, v.shape, hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=16).hexdigest())
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+def array_digest(array: np.ndarray) -> str:
+    """Content digest of a weight, used by the canonical hash (names play no part in it)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(array.dtype.str.encode())
+    h.update(repr(array.shape).encode())
+    h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
+
+
+class Graph:
+    """A typed dataflow graph.
+
+    - `inputs`: activation inputs (fed at run time), in order.
+    - `initializers`: weights, name -> read-only numpy array.
+    - `outputs`: value names the graph returns, in order; `output_names` are the names a user sees
+      (stable across rewrites that rename the value computing an output).
+    - `types`: a TensorType for every value (inputs, weights and every node output).
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        inputs: Iterable[str],
+        outputs: Iterable[str],
+        types: Mapping[str, TensorType],
+        initializers: Mapping[str, np.ndarray] | None = None,
+        *,
+        name: str = "graph",
+        output_names: Iterable[str] | None = None,
+        weight_digests: Mapping[str, str] | None = None,
+    ) -> None:
+        self.nodes: dict[str, Node] = {}
+        for n in nodes:
+            if n.name in self.nodes:
+                raise InvalidGraphError(f"node name {n.name!r} is used twice")
+            self.nodes[n.name] = n
+        self.inputs: tuple[str, ...] = tuple(inputs)
+        self.outputs: tuple[str, ...] = tuple(outputs)
+        self.output_names: tuple[str, ...] = tuple(output_names) if output_names is not None else self.outputs
+        if len(self.output_names) != len(self.outputs):
+            raise InvalidGraphError("output_names and outputs differ in length")
+        self.types: dict[str, TensorType] = dict(types)
+        self.initializers: dict[str, np.ndarray] = {}
+        for k, v in (initializers or {}).items():
+            if v.flags.writeable:
+                v = v.view()
+                v.flags.writeable = False
+            self.initializers[k] = v
+        self.name = name
+        # Digests are expensive for big weights: computed once and handed down to rewritten graphs.
+        self._digests: dict[str, str] = dict(weight_digests or {})
+
+    # ----- structure -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.initializers)} weights)"
+
+    @cached_property
+    def producers(self) -> dict[str, tuple[Node, int]]:
+        """value name -> (producing node, output index)."""
+        out: dict[str, tuple[Node, int]] = {}
+        for n in self.nodes.values():
+            for i, v in enumerate(n.outputs):
+                if v in out:
+                    raise InvalidGraphError(f"value {v!r} is produced by both {out[v][0].name!r} and {n.name!r}")
+                out[v] = (n, i)
+        return out
+
+    @cached_property
+    def consumers(self) -> dict[str, list[Node]]:
+        """value name -> nodes that read it (a node reading a value twice is listed once)."""
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes.values():
+            for v in dict.fromkeys(n.inputs):
+                if v:
+                    out.setdefault(v, []).append(n)
+        return out
+
+    def producer(self, value: str) -> Node | None:
+        p = self.producers.get(value)
+        return p[0] if p else None
+
+    def is_weight(self, value: str) -> bool:
+        return value in self.initializers
+
+    @cached_property
+    def topological_order(self) -> tuple[Node, ...]:
+        """Nodes in a deterministic topological order (Kahn's algorithm, ties by insertion order).
+
+        Raises InvalidGraphError on a cycle, naming a node on it.
+        """
+        producers = self.producers
+        indeg: dict[str, int] = {}
+        for n in self.nodes.values():
+            indeg[n.name] = len({producers[v][0].name for v in n.inputs if v in producers})
+        ready = [n for n in self.nodes.values() if indeg[n.name] == 0]
+        order: list[Node] = []
+        i = 0
+        while i < len(ready):
+            n = ready[i]
+            i += 1
+            order.append(n)
+            seen: set[str] = set()
+            for v in n.outputs:
+                for c in self.consumers.get(v, ()):
+                    if c.name in seen:
+                        continue
+                    seen.add(c.name)
+                    indeg[c.name] -= 1
+                    if indeg[c.name] == 0:
+                        ready.append(c)
+        if len(order) != len(self.nodes):
+            stuck = next(n.name for n in self.nodes.values() if indeg[n.name] > 0)
+            raise InvalidGraphError(f"the graph has a cycle through node {stuck!r}")
+        return tuple(order)
+
+    # ----- values ---------------------------------------------------------------------------
+    def type_of(self, value: str) -> TensorType:
+        try:
+            return self.types[value]
+        except KeyError:
+            raise InvalidGraphError(f"value {value!r} has no type") from None
+
+    def const_value(self, value: str) -> np.ndarray | None:
+        """The value of a weight, or None for an activation."""
+        return self.initializers.get(value)
+
+    def weight_digest(self, name: str) -> str:
+        d = self._digests.get(name)
+        if d is None:
+            d = self._digests[name] = array_digest(self.initializers[name])
+        return d
+
+    @property
+    def num_parameters(self) -> int:
+        return int(sum(a.size for a in self.initializers.values()))
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self.nodes.values():
+            hist[n.op] = hist.get(n.op, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def fresh_name(self, prefix: str) -> str:
+        """A node/value name not used in this graph."""
+        taken = self._names
+        i = len(taken)
+        while f"{prefix}_{i}" in taken:
+            i += 1
+        name = f"{prefix}_{i}"
+        taken.add(name)
+        return name
+
+    @cached_property
+    def _names(self) -> set[str]:
+        return set(self.nodes) | set(self.types) | set(self.initializers)
+
+    # ----- rewriting ------------------------------------------------------------------------
+    def replace(
+        self,
+        remove: Iterable[str] = (),
+        add: Iterable[Node] = (),
+        *,
+        rename: Mapping[str, str] | None = None,
+        new_types: Mapping[str, TensorType] | None = None,
+        new_weights: Mapping[str, np.ndarray] | None = None,
+        new_digests: Mapping[str, str] | None = None,
+    ) -> Graph:
+        """A new graph with nodes `remove` (by name) dropped, `add` appended, and every use of a
+        value `v` in `rename` redirected to `rename[v]` (graph outputs too; their user-visible
+        names stay). Values and weights nobody uses any more are dropped. Nothing is deep-copied.
+        """
+        rename = dict(rename or {})
+        removed = set(remove)
+        nodes: list[Node] = []
+        for n in self.nodes.values():
+            if n.name in removed:
+                continue
+            if rename and any(v in rename for v in n.inputs):
+                n = Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs, n.domain)
+            nodes.append(n)
+        nodes.extend(add)
+        outputs = tuple(rename.get(v, v) for v in self.outputs)
+        types = dict(self.types)
+        if new_types:
+            types.update(new_types)
+        weights = dict(self.initializers)
+        if new_weights:
+            weights.update(new_weights)
+        used = set(self.inputs) | set(outputs)
+        for n in nodes:
+            used.update(n.inputs)
+            used.update(n.outputs)
+        used.discard("")
+        types = {k: t for k, t in types.items() if k in used}
+        weights = {k: w for k, w in weights.items() if k in used}
+        digests = {k: d for k, d in self._digests.items() if k in weights}
+        if new_digests:
+            digests.update(new_digests)
+        return Graph(nodes, self.inputs, outputs, types, weights, name=self.name,
+                     output_names=self.output_names, weight_digests=digests)
+
+    # ----- identity -------------------------------------------------------------------------
+    @cached_property
+    def value_hashes(self) -> dict[str, str]:
+        """A structural hash per value: what computes it, not what it is called."""
+        h: dict[str, str] = {}
+        for i, v in enumerate(self.inputs):
+            h[v] = _digest(("input", i, str(self.types[v])))
+        for v in self.initializers:
+            h[v] = _digest(("weight", self.weight_digest(v)))
+        h[""] = "none"
+        for n in self.topological_order:
+            node_h = _digest((n.domain, n.op, n.attr_key(), tuple(h.get(v, "?" + v) for v in n.inputs)))
+            for i, v in enumerate(n.outputs):
+                h[v] = _digest((node_h, i))
+        return h
+
+    @cached_property
+    def canonical_hash(self) -> str:
+        """Equal for two graphs that differ only in node/value names or node order."""
+        h = self.value_hashes
+        node_hashes = sorted(h[n.outputs[0]] if n.outputs else _digest((n.op,)) for n in self.nodes.values())
+        return _digest((tuple(h[v] for v in self.outputs), tuple(node_hashes)))
+
+    # ----- checking -------------------------------------------------------------------------
+    def validate(self, *, check_types: bool = True) -> Graph:
+        """Check the IR invariants; raise InvalidGraphError naming the first broken one.
+
+        Every value is defined once, every use is defined, the graph is acyclic, every value has a
+        type, and (with check_types) re-running shape inference reproduces the recorded types.
+        """
+        from xrl.ir.ops import infer_node  # ops.py needs Graph only for types; import late
+
+        defined: set[str] = set()
+        for v in list(self.inputs) + list(self.initializers):
+            if v in defined:
+                raise InvalidGraphError(f"value {v!r} is defined twice")
+            defined.add(v)
+        for v in self.producers:
+            if v in defined:
+                raise InvalidGraphError(f"value {v!r} is both a graph input/weight and a node output")
+            defined.add(v)
+        for n in self.nodes.values():
+            for v in n.inputs:
+                if v and v not in defined:
+                    raise InvalidGraphError(f"node {n.name!r} ({n.op}) reads {v!r}, which nothing defines")
+        for v in self.outputs:
+            if v not in defined:
+                raise InvalidGraphError(f"graph output {v!r} is not defined")
+        for v in defined:
+            if v not in self.types:
+                raise InvalidGraphError(f"value {v!r} has no type")
+        for v, w in self.initializers.items():
+            if TensorType.of(w) != self.types[v]:
+                raise InvalidGraphError(f"weight {v!r} is {TensorType.of(w)} but typed {self.types[v]}")
+        order = self.topological_order
+        if check_types:
+            for n in order:
+                inferred = infer_node(n, self)
+                if inferred is None:
+                    continue  # opaque op: its recorded types stand
+                for v, t in zip(n.outputs, inferred):
+                    if self.types[v] != t:
+                        raise InvalidGraphError(
+                            f"node {n.name!r} ({n.op}) output {v!r} is typed {self.types[v]} but its inputs give {t}")
+        return self
+
+
+def _digest(obj: object) -> str:
+    return hashlib.blake2b(repr(obj).encode(), digest_size=16).hexdigest()
