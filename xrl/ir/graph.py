@@ -42,7 +42,7 @@ class Node:
 
 def _hashable(v: AttrValue) -> Any:
     if isinstance(v, np.ndarray):
-        return ("ndarray", v.dtype.str, v.shape, hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=16).hexdigest())
+        return ("ndarray", array_digest(v))
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
     return v
@@ -99,13 +99,17 @@ class Graph:
         self.name = name
         # Digests are expensive for big weights: computed once and handed down to rewritten graphs.
         self._digests: dict[str, str] = dict(weight_digests or {})
+        # Set by `replace`: the graph this one was rewritten from, and what changed, for incremental hashing.
+        self._hash_parent: Graph | None = None
+        self._hash_delta: tuple[set[str], set[str], set[str]] = (set(), set(), set())
 
     # ----- structure -------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.nodes)
 
     def __repr__(self) -> str:
-        return f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.inputs)} inputs, {len(self.initializers)} weights)"
+        return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.inputs)} inputs, "
+                f"{len(self.initializers)} weights)")
 
     @cached_property
     def producers(self) -> dict[str, tuple[Node, int]]:
@@ -224,14 +228,19 @@ class Graph:
         """
         rename = dict(rename or {})
         removed = set(remove)
+        add = list(add)
+        changed = {n.name for n in add}
         nodes: list[Node] = []
         for n in self.nodes.values():
             if n.name in removed:
                 continue
             if rename and any(v in rename for v in n.inputs):
                 n = Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs, n.domain)
+                changed.add(n.name)
             nodes.append(n)
         nodes.extend(add)
+        for v in new_weights or ():
+            changed.update(c.name for c in self.consumers.get(v, ()) if c.name not in removed)
         outputs = tuple(rename.get(v, v) for v in self.outputs)
         types = dict(self.types)
         if new_types:
@@ -249,31 +258,99 @@ class Graph:
         digests = {k: d for k, d in self._digests.items() if k in weights}
         if new_digests:
             digests.update(new_digests)
-        return Graph(nodes, self.inputs, outputs, types, weights, name=self.name,
-                     output_names=self.output_names, weight_digests=digests)
+        child = Graph(nodes, self.inputs, outputs, types, weights, name=self.name,
+                      output_names=self.output_names, weight_digests=digests)
+        child._hash_parent = self
+        child._hash_delta = (changed, removed, set(new_weights or ()))
+        return child
 
     # ----- identity -------------------------------------------------------------------------
+    # A value's hash says what computes it (op, attributes, the hashes of its inputs), never what it is
+    # called. The graph hash combines the output hashes with the multiset of node hashes (a sum, so it is
+    # order-free and can be updated). A graph made by `replace` hashes incrementally from its parent:
+    # only the added nodes and what lies downstream of them are rehashed.
     @cached_property
     def value_hashes(self) -> dict[str, str]:
-        """A structural hash per value: what computes it, not what it is called."""
-        h: dict[str, str] = {}
-        for i, v in enumerate(self.inputs):
-            h[v] = _digest(("input", i, str(self.types[v])))
-        for v in self.initializers:
-            h[v] = _digest(("weight", self.weight_digest(v)))
-        h[""] = "none"
-        for n in self.topological_order:
-            node_h = _digest((n.domain, n.op, n.attr_key(), tuple(h.get(v, "?" + v) for v in n.inputs)))
-            for i, v in enumerate(n.outputs):
-                h[v] = _digest((node_h, i))
-        return h
+        """value name -> structural hash."""
+        self._hash_all()
+        return self.__dict__["value_hashes"]
 
     @cached_property
     def canonical_hash(self) -> str:
         """Equal for two graphs that differ only in node/value names or node order."""
         h = self.value_hashes
-        node_hashes = sorted(h[n.outputs[0]] if n.outputs else _digest((n.op,)) for n in self.nodes.values())
-        return _digest((tuple(h[v] for v in self.outputs), tuple(node_hashes)))
+        return _digest((tuple(h[v] for v in self.outputs), self._node_hash_sum))
+
+    def _source_hashes(self, h: dict[str, str], names: Iterable[str] | None = None) -> None:
+        for i, v in enumerate(self.inputs):
+            h[v] = _digest(("input", i, str(self.types[v])))
+        for v in self.initializers if names is None else names:
+            h[v] = _digest(("weight", self.weight_digest(v)))
+        h[""] = "none"
+
+    def _node_hash(self, n: Node, h: dict[str, str]) -> str:
+        node_h = _digest((n.domain, n.op, n.attr_key(), tuple(h.get(v, "?" + v) for v in n.inputs)))
+        for i, v in enumerate(n.outputs):
+            h[v] = _digest((node_h, i))
+        return node_h
+
+    def _hash_all(self) -> None:
+        parent = self._hash_parent
+        self._hash_parent = None  # hold the parent only until hashed: chains of rewrites must not pin memory
+        if parent is not None:
+            self._hash_from(parent)
+            return
+        h: dict[str, str] = {}
+        self._source_hashes(h)
+        node_hashes = {n.name: self._node_hash(n, h) for n in self.topological_order}
+        self.__dict__["value_hashes"] = h
+        self._node_hashes = node_hashes
+        self._node_hash_sum = sum(int(x, 16) for x in node_hashes.values()) % _MOD
+
+    def _hash_from(self, parent: Graph) -> None:
+        ph = parent.value_hashes
+        roots, removed, new_weights = self._hash_delta
+        dirty: set[str] = set()
+        stack = [r for r in roots if r in self.nodes]
+        consumers = self.consumers
+        while stack:
+            name = stack.pop()
+            if name in dirty:
+                continue
+            dirty.add(name)
+            for v in self.nodes[name].outputs:
+                stack.extend(c.name for c in consumers.get(v, ()))
+        h = dict(ph)
+        self._source_hashes(h, new_weights)
+        node_hashes = dict(parent._node_hashes)
+        total = parent._node_hash_sum
+        for name in set(removed) | (dirty & parent.nodes.keys()):
+            total -= int(node_hashes.pop(name), 16)
+        producers = self.producers
+        done: set[str] = set()
+        visiting: set[str] = set()
+
+        def visit(name: str) -> None:  # dirty nodes after their dirty producers, depth first
+            if name in done:
+                return
+            if name in visiting:
+                raise InvalidGraphError(f"the graph has a cycle through node {name!r}")
+            visiting.add(name)
+            n = self.nodes[name]
+            for v in n.inputs:
+                p = producers.get(v)
+                if p is not None and p[0].name in dirty:
+                    visit(p[0].name)
+            node_hashes[name] = self._node_hash(n, h)
+            visiting.discard(name)
+            done.add(name)
+
+        for name in sorted(dirty):
+            visit(name)
+        total += sum(int(node_hashes[name], 16) for name in dirty)
+        self.__dict__["value_hashes"] = h
+        self._node_hashes = node_hashes
+        self._node_hash_sum = total % _MOD
 
     # ----- checking -------------------------------------------------------------------------
     def validate(self, *, check_types: bool = True) -> Graph:
@@ -317,6 +394,9 @@ class Graph:
                         raise InvalidGraphError(
                             f"node {n.name!r} ({n.op}) output {v!r} is typed {self.types[v]} but its inputs give {t}")
         return self
+
+
+_MOD = 1 << 128
 
 
 def _digest(obj: object) -> str:

@@ -1,0 +1,5 @@
+import sys
+
+from xrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,144 @@
+"""The Python API that the CLI wraps: load, cost, optimise, verify, write.
+
+`optimize` is the deployment path of DESIGN.md: Graph -> search -> best Graph -> verify against the
+original under onnxruntime -> ONNX out. Nothing is written unless verification passes, and the
+file appears atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xrl.cost.base import CostModel
+from xrl.errors import OutputPathError, VerificationError, XrlError
+from xrl.frontends.loader import LoadedModel, load_model
+from xrl.ir import Graph
+
+SEARCH_METHODS = ("none", "greedy", "random", "taso", "tensat", "rl")
+
+
+@dataclass
+class OptimizeResult:
+    input: str
+    search: str
+    cost_model: str
+    original_cost: float
+    optimized_cost: float
+    speedup: float
+    rewrites: int
+    time_s: float
+    verified: bool
+    max_abs_err: float
+    output: str | None
+    original_nodes: int = 0
+    optimized_nodes: int = 0
+    steps: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SearchOutcome:
+    graph: Graph
+    steps: list[str]
+    details: dict[str, Any]
+
+
+def check_output_path(output: str | Path, source: Path | None, *, force: bool) -> Path:
+    """Refuse an output path that would overwrite the input or (without force) any existing file."""
+    out = Path(output)
+    if out.suffix.lower() != ".onnx":
+        raise OutputPathError(f"output {out} must end in .onnx")
+    if source is not None and out.exists() and out.resolve() == source.resolve():
+        raise OutputPathError(f"output {out} is the input model; choose another path (xrl never overwrites its input)")
+    if out.exists() and not force:
+        raise OutputPathError(f"output {out} exists; pass --force to replace it, or choose another path")
+    if out.exists() and out.is_dir():
+        raise OutputPathError(f"output {out} is a directory")
+    if not out.parent.exists():
+        raise OutputPathError(f"output directory {out.parent} does not exist")
+    return out
+
+
+def get_cost(name: str, device: str, **options: Any) -> CostModel:
+    from xrl.cost import get_cost_model
+
+    return get_cost_model(name, device=device, **options)
+
+
+def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: int | None,
+               time_limit: float | None, options: Mapping[str, Any]) -> SearchOutcome:
+    """Dispatch to one search method; each lives in its own module and is imported on demand."""
+    if method == "none":
+        return SearchOutcome(graph, [], {})
+    if method not in SEARCH_METHODS:
+        raise XrlError(f"unknown search method {method!r}; choose one of {', '.join(SEARCH_METHODS)}")
+    runner = _SEARCH_RUNNERS.get(method)
+    if runner is None:
+        raise XrlError(f"search method {method!r} is not available in this version of xrl")
+    return runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
+
+
+def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
+            **options: Any) -> SearchOutcome:
+    from xrl.rewrite import RewriteEngine
+    from xrl.search.greedy import greedy_search
+
+    res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit)
+    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
+
+
+def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
+            **options: Any) -> SearchOutcome:
+    from xrl.rewrite import RewriteEngine
+    from xrl.search.random_search import random_search
+
+    res = random_search(graph, cost, RewriteEngine(), steps=steps if steps is not None else 30, seed=seed)
+    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
+
+
+_SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {"greedy": _greedy, "random": _random}
+
+
+def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:
+    _SEARCH_RUNNERS[name] = runner
+
+
+def optimize(model: str | LoadedModel, *, output: str | Path | None = None, search: str = "greedy",
+             cost: str = "analytic", device: str = "h100", seed: int = 0, steps: int | None = None,
+             time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+             force: bool = False, verify_trials: int = 2, search_options: Mapping[str, Any] | None = None,
+             cost_options: Mapping[str, Any] | None = None) -> OptimizeResult:
+    """Optimise a model and (with `output`) write the verified result as ONNX."""
+    from xrl.frontends.onnx_io import save_onnx, to_onnx
+    from xrl.frontends.verify import compare_models
+
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, input_shapes=input_shapes, seed=seed)
+    out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
+    cost_model = get_cost(cost, device, **dict(cost_options or {}))
+    original_cost = cost_model.cost(loaded.graph)
+    t0 = time.perf_counter()
+    outcome = run_search(search, loaded.graph, cost_model, seed=seed, steps=steps, time_limit=time_limit,
+                         options=search_options or {})
+    elapsed = time.perf_counter() - t0
+    best = outcome.graph.validate()
+    optimized_cost = cost_model.cost(best)  # recomputed from the graph itself, never taken from the search
+    exported = to_onnx(best)
+    check = compare_models(loaded.reference, exported, seed=seed, trials=verify_trials)
+    if not check.ok:
+        raise VerificationError(f"the optimised graph does not compute what the original computes "
+                                f"({check.detail}); nothing was written. Please report this with the model.")
+    if out_path is not None:
+        save_onnx(exported, out_path)
+    return OptimizeResult(
+        input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
+        optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
+        rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
+        output=str(out_path) if out_path else None, original_nodes=len(loaded.graph), optimized_nodes=len(best),
+        steps=outcome.steps, details=outcome.details)

@@ -1,0 +1,189 @@
+"""Foundation commands: graphs, info, cost, optimize."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from xrl.cli.output import format_table, human_count, human_seconds, print_json
+
+COST_CHOICES = ("analytic", "ort", "op", "e2e", "cuda")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="an .onnx file, an HLO text file, or a built-in graph name")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="fix the shape of a graph input with dynamic dimensions (repeatable)")
+    p.add_argument("--batch", type=int, default=1, help="batch size of a built-in graph (default 1)")
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cost", default="analytic", choices=COST_CHOICES, help="cost backend (default analytic)")
+    p.add_argument("--device", default="h100", help="device profile of the analytic model, or 'cuda'/'cpu' "
+                   "for measured backends (default h100; `xrl cost --list-devices`)")
+
+
+def load(args: argparse.Namespace):
+    from xrl.frontends.loader import load_model, parse_input_shapes
+
+    if args.batch < 1:
+        from xrl.errors import XrlError
+
+        raise XrlError(f"--batch must be at least 1, not {args.batch}")
+    return load_model(args.model, input_shapes=parse_input_shapes(args.input_shape), batch=args.batch,
+                      seed=getattr(args, "seed", 0))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("graphs", help="the built-in benchmark graphs")
+    gsub = g.add_subparsers(dest="graphs_command", metavar="{list,export}", parser_class=type(g))
+    gsub.required = True
+    p = gsub.add_parser("list", help="name, op count, parameters, FLOPs of every built-in graph")
+    p.add_argument("--suite", choices=("xrlflow", "taso", "small"), help="only this suite")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_graphs_list)
+    p = gsub.add_parser("export", help="write a built-in graph as ONNX")
+    p.add_argument("name")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.onnx")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.set_defaults(func=cmd_graphs_export)
+
+    p = sub.add_parser("info", help="op histogram, node/edge counts, FLOPs and bytes of a model")
+    add_model_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("cost", help="estimated or measured run time of a model")
+    add_model_args(p)
+    add_cost_args(p)
+    p.add_argument("--repeats", type=int, help="timed runs of a measured backend")
+    p.add_argument("--per-op", action="store_true", help="also list the most expensive ops")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("optimize", help="rewrite a model to run faster and write the verified ONNX file")
+    add_model_args(p)
+    add_cost_args(p)
+    p.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the optimised model")
+    p.add_argument("--search", default="greedy", help="none | greedy | random | taso | tensat | rl (default greedy)")
+    p.add_argument("--steps", type=int, help="rewrite budget (random: steps taken; greedy/rl: at most)")
+    p.add_argument("--time-limit", type=float, help="seconds the search may take")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", help="policy checkpoint for --search rl (default: the shipped policy)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_optimize)
+
+
+def cmd_graphs_list(args: argparse.Namespace) -> int:
+    from xrl import graphs
+    from xrl.frontends.onnx_io import from_onnx
+    from xrl.ir.ops import graph_flops
+
+    rows = []
+    for name in graphs.names(args.suite):
+        spec = graphs.BUILTIN_GRAPHS[name]
+        graph = from_onnx(graphs.build(name), name=name)
+        rows.append({"name": name, "suite": spec.suite, "family": spec.family, "ops": len(graph),
+                     "parameters": graph.num_parameters, "flops": graph_flops(graph), "description": spec.description})
+        if not args.json:
+            print(f"\r{len(rows)} graphs built", end="", file=sys.stderr, flush=True)
+    if args.json:
+        print_json(rows)
+        return 0
+    print("\r", end="", file=sys.stderr)
+    print(format_table(["name", "suite", "ops", "params", "FLOPs", "description"],
+                       [[r["name"], r["suite"], r["ops"], human_count(r["parameters"]), human_count(r["flops"]),
+                         r["description"]] for r in rows]))
+    return 0
+
+
+def cmd_graphs_export(args: argparse.Namespace) -> int:
+    from xrl import graphs
+    from xrl.api import check_output_path
+    from xrl.frontends.onnx_io import save_onnx
+
+    out = check_output_path(args.output, None, force=args.force)
+    save_onnx(graphs.build(args.name, batch=args.batch, seed=args.seed), out)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from xrl.ir.ops import graph_bytes, graph_flops
+
+    loaded = load(args)
+    g = loaded.graph
+    edges = sum(len([v for v in n.inputs if v]) for n in g.nodes.values())
+    info = {
+        "model": loaded.source, "kind": loaded.kind, "nodes": len(g), "edges": edges,
+        "inputs": {v: list(g.types[v].shape) for v in g.inputs},
+        "outputs": {name: list(g.types[v].shape) for name, v in zip(g.output_names, g.outputs)},
+        "parameters": g.num_parameters, "weights": len(g.initializers),
+        "flops": graph_flops(g), "bytes": graph_bytes(g), "ops": g.op_histogram(),
+        "hash": g.canonical_hash,
+    }
+    if args.json:
+        print_json(info)
+        return 0
+    print(f"{info['model']} ({info['kind']}): {info['nodes']} ops, {edges} edges, "
+          f"{human_count(info['parameters'])} parameters, {human_count(info['flops'])}FLOPs, "
+          f"{human_count(info['bytes'])}B moved")
+    for v in info["inputs"]:
+        print(f"  input  {v}: {g.types[v]}")
+    for name, v in zip(g.output_names, g.outputs):
+        print(f"  output {name}: {g.types[v]}")
+    print(format_table(["op", "count"], list(info["ops"].items())))
+    return 0
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from xrl.api import get_cost
+
+    loaded = load(args)
+    options = {"repeats": args.repeats} if args.repeats else {}
+    model = get_cost(args.cost, args.device, **options)
+    t0 = time.perf_counter()
+    m = model.measure(loaded.graph)
+    elapsed = time.perf_counter() - t0
+    result = {"model": loaded.source, "cost_model": model.describe(), "cost_s": m.median_s, "repeats": m.repeats,
+              "cv": m.cv, "min_s": m.min_s, "max_s": m.max_s, "nodes": len(loaded.graph), "time_s": elapsed}
+    top = []
+    if args.per_op and model.per_op:
+        costs = model.op_costs(loaded.graph)
+        top = sorted(costs.items(), key=lambda kv: -kv[1])[:15]
+        result["top_ops"] = [{"node": n, "op": loaded.graph.nodes[n].op, "cost_s": c} for n, c in top]
+    if args.json:
+        print_json(result)
+        return 0
+    spread = f" (median of {m.repeats}, CV {m.cv:.1%})" if m.repeats > 1 else ""
+    print(f"{loaded.source}: {human_seconds(m.median_s)} under {model.describe()}{spread}")
+    if top:
+        print(format_table(["node", "op", "cost"], [[n, loaded.graph.nodes[n].op, human_seconds(c)] for n, c in top]))
+    return 0
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from xrl.api import check_output_path, optimize
+
+    loaded = load(args)
+    if args.output:  # fail before the search, not after it
+        check_output_path(args.output, loaded.path, force=args.force)
+    options = {"policy": args.policy} if args.policy else {}
+    res = optimize(loaded, output=args.output, search=args.search, cost=args.cost, device=args.device,
+                   seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
+                   search_options=options)
+    if args.json:
+        print_json(res.to_json())
+        return 0
+    print(f"{res.input}: {human_seconds(res.original_cost)} -> {human_seconds(res.optimized_cost)} "
+          f"({res.speedup:.3f}x) under {res.cost_model}; {res.rewrites} rewrites by {res.search} "
+          f"in {res.time_s:.2f} s; {res.original_nodes} -> {res.optimized_nodes} ops")
+    print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
+    if res.output:
+        print(f"wrote {Path(res.output)}")
+    return 0

@@ -1,0 +1,76 @@
+"""Parser, dispatch and the error contract: a user error is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from xrl.errors import XrlError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from xrl.cli import commands, rewrite_commands
+
+    parser = _Parser(prog="xrl", description="Optimise deep-learning dataflow graphs by graph RL and search.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    commands.register(sub)
+    rewrite_commands.register(sub)
+    for extra in _optional_command_modules():
+        extra.register(sub)
+    return parser
+
+
+def _optional_command_modules() -> list:
+    """Command groups of later components (train, eval, compare) register themselves if present."""
+    import importlib
+
+    mods = []
+    for name in ("xrl.cli.rl_commands", "xrl.cli.compare_commands"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    return mods
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except XrlError as e:
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"xrl: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("xrl: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except SystemExit:
+        raise
+    except Exception as e:  # a bug in xrl, not a user error: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"xrl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

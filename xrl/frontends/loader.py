@@ -1,0 +1,74 @@
+"""One entry point for every model a user can name: a built-in graph, an ONNX file, an HLO text file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from xrl.errors import ModelLoadError
+from xrl.ir import Graph
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model in the IR, with the ONNX model that optimised versions are verified against.
+
+    For ONNX input the reference is the user's own file; for a built-in graph, the model its builder
+    made; for HLO text (which onnxruntime cannot run) the IR exported as is, which the HLO tests check
+    against jax's own outputs.
+    """
+
+    graph: Graph
+    reference: onnx.ModelProto
+    source: str
+    kind: str  # "builtin" | "onnx" | "hlo"
+    path: Path | None = None
+
+
+def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               batch: int = 1, seed: int = 0) -> LoadedModel:
+    """Load `spec`: a path to an .onnx or HLO text file, or the name of a built-in graph."""
+    from xrl import graphs
+    from xrl.frontends.hlo import load_hlo, looks_like_hlo
+    from xrl.frontends.onnx_io import from_onnx, load_onnx, to_onnx
+
+    path = Path(spec)
+    looks_like_path = path.suffix != "" or "/" in spec or path.exists()
+    if not looks_like_path:
+        model = graphs.build(spec, batch=batch, seed=seed)
+        return LoadedModel(from_onnx(model, input_shapes, name=spec), model, spec, "builtin")
+    if not path.exists():
+        raise ModelLoadError(f"{spec}: no such file (give an .onnx file, an HLO text file, or a built-in graph "
+                             f"name from `xrl graphs list`)")
+    if path.is_dir():
+        raise ModelLoadError(f"{spec} is a directory, not a model file")
+    with path.open("rb") as f:
+        head = f.read(4096)
+    if looks_like_hlo(head.decode("utf-8", errors="replace")):
+        if input_shapes:
+            raise ModelLoadError("--input-shape applies to ONNX models; HLO modules have static shapes")
+        graph = load_hlo(path)
+        return LoadedModel(graph, to_onnx(graph), spec, "hlo", path)
+    graph = load_onnx(path, input_shapes)
+    return LoadedModel(graph, onnx.load(str(path)), spec, "onnx", path)
+
+
+def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
+    """Parse repeated `name=1,3,224,224` options."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items or ():
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+            if not shape or min(shape) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ModelLoadError(f"--input-shape {item!r}: expected NAME=D1,D2,... with positive integers, "
+                                 f"e.g. input=1,3,224,224") from None
+        shapes[name] = shape
+    return shapes
