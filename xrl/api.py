@@ -66,7 +66,7 @@ def check_output_path(output: str | Path, source: Path | None, *, force: bool) -
     return out
 
 
-def get_cost(name: str, device: str, **options: Any) -> CostModel:
+def get_cost(name: str, device: str | None, **options: Any) -> CostModel:
     from xrl.cost import get_cost_model
 
     return get_cost_model(name, device=device, **options)
@@ -111,7 +111,7 @@ def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:
 
 
 def optimize(model: str | LoadedModel, *, output: str | Path | None = None, search: str = "greedy",
-             cost: str = "analytic", device: str = "h100", seed: int = 0, steps: int | None = None,
+             cost: str = "analytic", device: str | None = None, seed: int = 0, steps: int | None = None,
              time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
              force: bool = False, verify_trials: int = 2, search_options: Mapping[str, Any] | None = None,
              cost_options: Mapping[str, Any] | None = None) -> OptimizeResult:

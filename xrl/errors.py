@@ -31,3 +31,7 @@ class OutputPathError(XrlError):
 
 class VerificationError(XrlError):
     """An optimised graph does not compute what the original computes."""
+
+
+class ConfigError(XrlError):
+    """A name or option xrl does not know (a cost model, a device, a setting): the message lists the valid ones."""

@@ -21,8 +21,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", default="analytic", choices=COST_CHOICES, help="cost backend (default analytic)")
-    p.add_argument("--device", default="h100", help="device profile of the analytic model, or 'cuda'/'cpu' "
-                   "for measured backends (default h100; `xrl cost --list-devices`)")
+    p.add_argument("--device", default=None, help="device profile of the analytic model (h100, a100, v100, gtx1080, "
+                   "cpu; default h100), or cpu/cuda for measured backends (default: what is present)")
 
 
 def load(args: argparse.Namespace):

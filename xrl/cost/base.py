@@ -7,6 +7,7 @@ graph backends (onnxruntime, end-to-end GPU timing) set `per_op = False` and mea
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ class Measurement:
 def op_key(node: Node, graph: Graph) -> tuple:
     """What determines one operator's run time: op, attributes, input types (not names, not values)."""
     return (node.domain, node.op, node.attr_key(), tuple(str(graph.type_of(v)) if v else "" for v in node.inputs),
-            tuple(graph.is_weight(v) for v in node.inputs))
+            tuple(graph.is_weight(v) for v in node.inputs), tuple(str(graph.type_of(v)) for v in node.outputs))
 
 
 class CostModel(ABC):
@@ -57,7 +58,8 @@ class CostModel(ABC):
 
     def cost(self, graph: Graph) -> float:
         """Seconds for the whole graph."""
-        return sum(self.op_cost(n, graph) for n in graph.nodes.values())
+        # fsum: graphs that differ only in node order get bit-identical costs
+        return math.fsum(self.op_cost(n, graph) for n in graph.nodes.values())
 
     def measure(self, graph: Graph) -> Measurement:
         """The graph's cost with its spread; an analytic model has none."""

@@ -600,9 +600,9 @@ def _fill(ins: Sequence[TensorType | None]) -> list[TensorType]:
 
 def node_flops(node: Node, graph: Graph) -> int:
     """Floating-point operations of one node (0 for views, data movement and opaque ops)."""
-    spec = OPS.get(node.op)
-    if spec is None:
+    if not is_known(node.op, node.domain):
         return 0
+    spec = OPS[node.op]
     ins = [graph.type_of(v) for v in node.inputs if v]
     outs = [graph.type_of(v) for v in node.outputs]
     return int(spec.flops(node, ins, outs))
@@ -610,7 +610,7 @@ def node_flops(node: Node, graph: Graph) -> int:
 
 def node_bytes(node: Node, graph: Graph) -> int:
     """Bytes a kernel for this node reads and writes (0 for views, which run no kernel)."""
-    if op_kind(node.op) == "view":
+    if is_known(node.op, node.domain) and op_kind(node.op) == "view":
         return 0
     total = sum(graph.type_of(v).nbytes for v in dict.fromkeys(node.inputs) if v)
     return total + sum(graph.type_of(v).nbytes for v in node.outputs)

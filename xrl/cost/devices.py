@@ -1,0 +1,92 @@
+"""Named device profiles for the analytic cost model: peak rates, efficiencies and per-kernel overhead.
+
+Peak compute is the **FP32 CUDA-core** rate (non-tensor-core) on every GPU. The graphs xrl optimises
+are float32, FP32 GEMMs in onnxruntime and PyTorch do not use TF32 by default, and the older
+devices (V100, GTX 1080) have no TF32 at all, so one convention keeps the profiles comparable. The
+same peak is used for every dtype: bytes follow the dtype, FLOP rates do not.
+
+Sources: vendor datasheets (H100 SXM5, A100 SXM4 80GB, V100 SXM2, GTX 1080 Founders Edition at
+boost clock).
+
+`saturation_flops` is the work from which a GEMM/conv fills the device; smaller kernels leave units
+idle (see `xrl.cost.analytic` for how efficiency falls below it). Every profile sets it to the work
+of `SATURATION_S` = 20 us at full efficiency. On an H100 that is 0.94 GFLOP, close to one
+128x128-output tile with a 256-deep reduction on each of its 132 SMs (1.1 GFLOP). One time for all
+devices, rather than one tile per SM, keeps a faster device faster on every kernel: per-SM rates
+differ (a GTX 1080 SM has twice a V100 SM's FP32 lanes), and libraries pick smaller tiles on wider
+GPUs, so SM count alone would make a GTX 1080 beat a V100 on small GEMMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SATURATION_S = 20e-6
+
+
+def _saturation(peak_flops: float, compute_efficiency: float) -> float:
+    return SATURATION_S * peak_flops * compute_efficiency
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Rates of one device. Units: FLOP/s, bytes/s, seconds.
+
+    compute_efficiency / memory_efficiency: the fraction of peak a large, well-shaped kernel reaches.
+    saturation_flops: work (FLOPs) from which a compute kernel reaches `compute_efficiency`; 0 turns
+    the small-kernel penalty off. saturation_exponent: how fast efficiency falls below it.
+    """
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    launch_overhead_s: float
+    compute_efficiency: float
+    memory_efficiency: float
+    description: str
+    saturation_flops: float = 0.0
+    saturation_exponent: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.peak_flops <= 0 or self.bandwidth <= 0 or self.launch_overhead_s < 0:
+            raise ValueError(f"device {self.name!r}: rates must be positive and the overhead non-negative")
+        if not (0 < self.compute_efficiency <= 1 and 0 < self.memory_efficiency <= 1):
+            raise ValueError(f"device {self.name!r}: efficiencies must lie in (0, 1]")
+        if self.saturation_flops < 0 or not 0 <= self.saturation_exponent <= 1:
+            raise ValueError(f"device {self.name!r}: saturation_flops >= 0 and saturation_exponent in [0, 1]")
+
+
+DEVICE_PROFILES: dict[str, DeviceProfile] = {
+    p.name: p
+    for p in (
+        DeviceProfile("h100", 67e12, 3.35e12, 4e-6, 0.7, 0.8,
+                      "NVIDIA H100 SXM5: 67 TFLOP/s FP32 (CUDA cores), 3.35 TB/s HBM3, 132 SMs",
+                      saturation_flops=_saturation(67e12, 0.7)),
+        DeviceProfile("a100", 19.5e12, 2.039e12, 4.5e-6, 0.7, 0.8,
+                      "NVIDIA A100 SXM4 80GB: 19.5 TFLOP/s FP32 (CUDA cores), 2.04 TB/s HBM2e, 108 SMs",
+                      saturation_flops=_saturation(19.5e12, 0.7)),
+        DeviceProfile("v100", 15.7e12, 0.9e12, 5e-6, 0.7, 0.8,
+                      "NVIDIA V100 SXM2: 15.7 TFLOP/s FP32, 900 GB/s HBM2, 80 SMs",
+                      saturation_flops=_saturation(15.7e12, 0.7)),
+        DeviceProfile("gtx1080", 8.87e12, 0.32e12, 5e-6, 0.7, 0.75,
+                      "NVIDIA GTX 1080: 8.9 TFLOP/s FP32 (boost), 320 GB/s GDDR5X, 20 SMs",
+                      saturation_flops=_saturation(8.87e12, 0.7)),
+        # Two cores with AVX2 FMA at ~3 GHz give ~100-200 GFLOP/s peak; per-op cost is the framework's
+        # dispatch, not a kernel launch. 20 us of work (1.2 MFLOP) is a few blocked-GEMM tiles per core.
+        DeviceProfile("cpu", 100e9, 20e9, 2e-6, 0.6, 0.7,
+                      "generic 2-core desktop CPU: ~100 GFLOP/s FP32, ~20 GB/s DRAM, ~2 us per op dispatch",
+                      saturation_flops=_saturation(100e9, 0.6)),
+    )
+}
+
+
+def get_device(device: str | DeviceProfile) -> DeviceProfile:
+    """A profile by name (see DEVICE_PROFILES), or the profile itself."""
+    if isinstance(device, DeviceProfile):
+        return device
+    from xrl.errors import ConfigError
+
+    try:
+        return DEVICE_PROFILES[device]
+    except KeyError:
+        raise ConfigError(f"unknown device {device!r}; choose one of: {', '.join(DEVICE_PROFILES)}") from None
