@@ -1,0 +1,69 @@
+"""XLA HLO text import: `parse_hlo`, `load_hlo`, `looks_like_hlo`.
+
+Reads the text of `jax.jit(f).lower(*args).as_text(dialect="hlo")` and XLA's dumps
+(`module_*.before_optimizations.txt`, and fused after-optimisation dumps, whose fusions are inlined).
+Parsing (`hlo_parse`) and lowering to the IR (`hlo_lower`) are separate steps; this module is the
+public face and turns every failure into a ModelLoadError naming the source and line.
+"""
+
+from __future__ import annotations
+
+import re
+from os import PathLike
+from pathlib import Path
+
+from xrl.errors import InvalidGraphError, ModelLoadError
+from xrl.frontends.hlo_lower import XLA_DOMAIN, lower_module
+from xrl.frontends.hlo_parse import HloSyntaxError, parse_module
+from xrl.ir import Graph
+
+__all__ = ["XLA_DOMAIN", "load_hlo", "looks_like_hlo", "parse_hlo"]
+
+_HEADER = re.compile(r"\A\ufeff?(?:\s|//[^\n]*\n|/\*.*?\*/)*HloModule\b", re.S)
+
+
+def looks_like_hlo(text_head: str) -> bool:
+    """Whether the first bytes of a file (decoded) are HLO text: a `HloModule` header, after any
+    whitespace or comments. An ONNX protobuf never starts that way."""
+    return _HEADER.match(text_head) is not None
+
+
+def parse_hlo(text: str, *, name: str | None = None) -> Graph:
+    """HLO module text -> a validated Graph named `name` (default: the module's name).
+
+    ENTRY parameters become the graph inputs in parameter order (jax passes weights as parameters
+    too), constants become initializers, and the ROOT's tuple elements the outputs in order.
+    """
+    return _parse(text, name=name, source="HLO text")
+
+
+def load_hlo(path: str | PathLike[str], *, name: str | None = None) -> Graph:
+    """Read and import an HLO text file; the graph is named after the file unless `name` is given."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"{p}: no such file" if not p.exists() else f"{p} is not a file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{p}: not HLO text (the file is binary; an .onnx model is loaded with load_onnx)") \
+            from None
+    except OSError as e:
+        raise ModelLoadError(f"{p}: cannot be read ({e.strerror})") from None
+    if not looks_like_hlo(text[:4096]):
+        raise ModelLoadError(f"{p}: not HLO text (expected it to start with 'HloModule'; dump one with "
+                             f"jax.jit(f).lower(*args).as_text(dialect='hlo'))")
+    return _parse(text, name=name or p.stem, source=str(p))
+
+
+def _parse(text: str, *, name: str | None, source: str) -> Graph:
+    try:
+        module = parse_module(text)
+    except HloSyntaxError as e:
+        raise ModelLoadError(f"{source}: {e}") from None
+    try:
+        return lower_module(module, name or module.name or "hlo")
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{source}: {e}") from None
+    except InvalidGraphError as e:
+        raise ModelLoadError(f"{source}: the module lowers to an inconsistent graph ({e}); "
+                             f"please report it with the HLO file") from None
