@@ -1,0 +1,609 @@
+"""ONNX <-> IR: `load_onnx`/`from_onnx` (import), `to_onnx` (export), `save_onnx` (atomic write).
+
+Import pins the input shapes, folds every weight-only computation (onnx_fold), then maps each node
+to the IR's canonical form: axes/split as attributes, Cast.to as a dtype name, shape-like inputs as
+weights. Ops the IR does not know stay opaque, with their domain, attributes and inferred types.
+Export is the inverse for a chosen opset (17 unless the graph needs newer): canonical attributes go
+back to inputs where the opset wants them, and fused activations become their own nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
+
+from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, OutputPathError
+from xrl.frontends.onnx_fold import (
+    DEFAULT_DOMAINS,
+    DTYPE_TO_ONNX,
+    ONNX_TO_DTYPE,
+    OnnxWork,
+    dims_of,
+    pin_input_shapes,
+    simplify,
+    static_shape,
+)
+from xrl.ir import Graph, Node, TensorType
+from xrl.ir.ops import FUSABLE_ACTIVATIONS, is_known
+
+DEFAULT_OPSET = 17
+MIN_OPSET = 13  # import converts older models up; export writes nothing older
+# Canonical attribute <- the input it came from (index 1) in newer opsets, and the opset that moved it.
+_ATTR_FROM_INPUT = {"Split": "split", "Squeeze": "axes", "Unsqueeze": "axes", "ReduceSum": "axes",
+                    "ReduceMean": "axes", "ReduceMax": "axes", "ReduceMin": "axes"}
+_INPUT_SINCE = {"Split": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13,
+                "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+# Shape-like inputs the IR reads as constants (xrl.ir.ops): they must be weights.
+_CONST_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Expand": (1,)}
+_FUSED_OPS = ("Conv", "MatMul", "Gemm")
+# Models whose weights pass this are written with external data: protobuf cannot serialise 2 GiB.
+EXTERNAL_DATA_THRESHOLD = int(1.8e9)
+_EXTERNAL_MIN_TENSOR = 1024  # bytes: smaller tensors stay inline, as onnx itself does
+
+
+# ===== import ==================================================================================
+def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+              name: str | None = None) -> Graph:
+    """Read an .onnx file (with any external data beside it) into a validated Graph."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file; check the path")
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a directory, not an ONNX file; pass the path of the .onnx file")
+    try:
+        model = onnx.load(str(p))
+    except OSError as e:  # unreadable file, or external data missing beside it
+        raise ModelLoadError(f"cannot read {p} ({brief_error(e)}); check the file's permissions and that its "
+                             f"external data files sit beside it") from e
+    except Exception as e:  # DecodeError for corrupt or truncated protobuf
+        raise ModelLoadError(f"{p} is not a valid ONNX model ({brief_error(e)}); check the file is complete "
+                             f"or export it again") from e
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelLoadError(f"{p} is not a valid ONNX model (no IR version or graph); check the file "
+                             f"is complete or export it again")
+    return _import(model, input_shapes, name or p.stem, str(p))
+
+
+def from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+              name: str | None = None) -> Graph:
+    """An in-memory ModelProto as a validated Graph (the model itself is left unchanged)."""
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"from_onnx expects an onnx.ModelProto, got {type(model).__name__}")
+    label = name or model.graph.name or "model"
+    return _import(model, input_shapes, label, label)
+
+
+def _import(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None, name: str,
+            label: str) -> Graph:
+    model = _upgrade_opset(model, label)
+    if model.functions:  # model-local functions (the dynamo exporter's modules): inline to plain ops
+        import onnx.inliner
+
+        model = onnx.inliner.inline_local_functions(model)
+    work = OnnxWork.from_model(model, label)
+    pin_input_shapes(work, input_shapes, label)
+    types = simplify(work, label)
+    return _to_graph(work, types, name, label)
+
+
+def brief_error(e: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    lines = str(e).strip().splitlines()
+    msg = lines[0] if lines else ""
+    msg = msg if len(msg) <= 200 else msg[:197] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _default_opset(model: onnx.ModelProto, label: str) -> int:
+    for d in model.opset_import:
+        if d.domain in DEFAULT_DOMAINS:
+            return d.version
+    raise ModelLoadError(f"{label} imports no default-domain opset; it is not a standard ONNX model")
+
+
+def _upgrade_opset(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
+    version = _default_opset(model, label)
+    newest = onnx.defs.onnx_opset_version()
+    if version > newest:
+        raise ModelLoadError(f"{label} uses opset {version}, newer than onnx {onnx.__version__} knows ({newest}); "
+                             f"upgrade onnx or export the model with opset <= {newest}")
+    if version >= MIN_OPSET:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model, DEFAULT_OPSET)
+    except Exception as e:
+        raise ModelLoadError(f"{label} uses opset {version} and onnx could not convert it to opset {DEFAULT_OPSET} "
+                             f"({brief_error(e)}); export the model again with opset {MIN_OPSET} or newer "
+                             f"(e.g. torch.onnx.export(..., opset_version={DEFAULT_OPSET}))") from e
+    return converted
+
+
+def _to_graph(work: OnnxWork, types: Mapping[str, TypeProto], name: str, label: str) -> Graph:
+    tensor_types: dict[str, TensorType] = {}
+    for v in work.inputs:
+        tensor_types[v.name] = _tensor_type(v.name, v.type, label, "graph input")
+    for k, arr in work.consts.items():
+        tensor_types[k] = _array_type(k, arr, label)
+    nodes: list[Node] = []
+    for onnx_node, node_name in zip(work.nodes, _unique_names(work.nodes)):
+        where = f"output of node {node_name!r} ({onnx_node.op_type})"
+        for v in onnx_node.output:
+            tensor_types[v] = _tensor_type(v, types.get(v), label, where)
+        nodes.append(_import_node(onnx_node, node_name, work.consts, tensor_types, label))
+    outputs = [v.name for v in work.outputs]
+    used = {v for n in nodes for v in n.inputs} | set(outputs)
+    weights = {k: a for k, a in work.consts.items() if k in used}  # axes/split moved into attributes
+    types_used = {k: t for k, t in tensor_types.items() if k not in work.consts or k in weights}
+    return Graph(nodes, [v.name for v in work.inputs], outputs, types_used, weights, name=name).validate()
+
+
+def _tensor_type(value: str, tp: TypeProto | None, label: str, where: str) -> TensorType:
+    if tp is not None and tp.WhichOneof("value") not in (None, "tensor_type"):
+        raise ModelLoadError(f"{label}: value {value!r} ({where}) is a {tp.WhichOneof('value')}, not a tensor; "
+                             f"xrl handles tensor graphs only")
+    elem = tp.tensor_type.elem_type if tp is not None else 0
+    shape = static_shape(tp)
+    if shape is None:
+        dims = dims_of(tp) if tp is not None else None
+        got = f"shape ({', '.join(map(str, dims))})" if dims is not None else "no shape"
+        raise DynamicShapeError(f"{label}: value {value!r} ({where}) has {got} after shape inference; xrl needs "
+                                f"static shapes: pin every input with --input-shape, and avoid ops whose output "
+                                f"shape depends on data")
+    if elem not in ONNX_TO_DTYPE:
+        raise ModelLoadError(f"{label}: value {value!r} ({where}) has element type "
+                             f"{TensorProto.DataType.Name(elem)}, which xrl does not support "
+                             f"(supported: {', '.join(sorted(DTYPE_TO_ONNX))})")
+    return TensorType(shape, ONNX_TO_DTYPE[elem])
+
+
+def _array_type(name: str, arr: np.ndarray, label: str) -> TensorType:
+    try:
+        return TensorType.of(arr)
+    except ValueError:
+        raise ModelLoadError(f"{label}: weight {name!r} has dtype {arr.dtype}, which xrl does not support "
+                             f"(supported: {', '.join(sorted(DTYPE_TO_ONNX))})") from None
+
+
+def _unique_names(nodes: Sequence[NodeProto]) -> list[str]:
+    """Node names, unique and deterministic: a node keeps its name unless it is empty or taken."""
+    taken = {n.name for n in nodes if n.name}
+    seen: set[str] = set()
+    names: list[str] = []
+    counters: dict[str, int] = {}
+    for n in nodes:
+        name = n.name
+        if not name or name in seen:
+            base = name or n.op_type
+            k = counters.get(base, 0)
+            while f"{base}_{k}" in taken or f"{base}_{k}" in seen:
+                k += 1
+            counters[base] = k + 1
+            name = f"{base}_{k}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _import_node(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], types: Mapping[str, TensorType],
+                 label: str) -> Node:
+    op = n.op_type
+    domain = "" if n.domain in DEFAULT_DOMAINS else n.domain
+    attrs = {a.name: _attr_value(a, f"{name!r} ({op})", label) for a in n.attribute}
+    inputs = list(n.input)
+    if domain == "":
+        key = _ATTR_FROM_INPUT.get(op)
+        if key is not None and len(inputs) > 1:
+            src = inputs[1]
+            if src:
+                if src not in consts:
+                    raise ModelLoadError(f"{label}: node {name!r} ({op}) computes its {key} input {src!r} at run "
+                                         f"time; xrl needs it constant")
+                values = tuple(int(x) for x in consts[src].reshape(-1))
+                if values or key == "split":
+                    attrs[key] = values
+            inputs = inputs[:1]
+        if op == "Split":
+            attrs.pop("num_outputs", None)  # opset 18's even split: the sizes say it exactly
+            if "split" not in attrs:
+                axis = attrs.get("axis", 0)
+                attrs["split"] = tuple(types[v].shape[axis] for v in n.output)
+        elif op == "Cast":
+            attrs["to"] = _dtype_name(attrs["to"], name, label)
+        for i in _CONST_INPUTS.get(op, ()):
+            if i < len(inputs) and inputs[i] and inputs[i] not in consts:
+                raise ModelLoadError(f"{label}: node {name!r} ({op}) computes its input {inputs[i]!r} at run time; "
+                                     f"xrl needs shape-like inputs constant (static shapes)")
+    while inputs and not inputs[-1]:  # trailing omitted optionals say nothing
+        inputs.pop()
+    return Node(name, op, tuple(inputs), tuple(n.output), attrs, domain)
+
+
+def _dtype_name(to: int, node: str, label: str) -> str:
+    if to not in ONNX_TO_DTYPE:
+        raise ModelLoadError(f"{label}: node {node!r} casts to {TensorProto.DataType.Name(to)}, which xrl does "
+                             f"not support")
+    return ONNX_TO_DTYPE[to]
+
+
+def _attr_value(a: AttributeProto, node: str, label: str):
+    t = a.type
+    if t == AttributeProto.FLOAT:
+        return float(a.f)
+    if t == AttributeProto.INT:
+        return int(a.i)
+    if t == AttributeProto.STRING:
+        return a.s.decode("utf-8", errors="surrogateescape")
+    if t == AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if t == AttributeProto.FLOATS:
+        return tuple(float(x) for x in a.floats)
+    if t == AttributeProto.INTS:
+        return tuple(int(x) for x in a.ints)
+    if t == AttributeProto.STRINGS:
+        return tuple(s.decode("utf-8", errors="surrogateescape") for s in a.strings)
+    if t == AttributeProto.TENSORS:
+        return tuple(numpy_helper.to_array(x) for x in a.tensors)
+    kind = AttributeProto.AttributeType.Name(t)
+    raise ModelLoadError(f"{label}: node {node} has a {kind} attribute {a.name!r}; subgraphs and "
+                         f"control flow are not supported (export the model without If/Loop/Scan)")
+
+
+# ===== export ==================================================================================
+def to_onnx(graph: Graph, *, opset: int | None = None) -> onnx.ModelProto:
+    """The graph as an ONNX model at `opset` (default: 17, or the oldest newer one the graph needs).
+
+    Inputs keep their names; outputs get `graph.output_names` (an Identity is added where the value
+    computing an output is named differently)."""
+    return _Exporter(graph, _export_opset(graph, opset)).build()
+
+
+def _export_opset(graph: Graph, opset: int | None) -> int:
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None and not MIN_OPSET <= opset <= newest:
+        raise ConfigError(f"cannot export with opset {opset}; use an opset from {MIN_OPSET} to {newest}")
+    need, who = MIN_OPSET, ""
+    for node in sorted(graph.nodes.values(), key=lambda n: n.name):
+        v = _node_min_opset(node)
+        if v > need:
+            need, who = v, f"{node.name!r} ({node.op})"
+    if opset is None:
+        return max(DEFAULT_OPSET, need)
+    if need > opset:
+        raise ConfigError(f"node {who} needs opset {need} or newer; export with opset >= {need}")
+    return opset
+
+
+@cache
+def _op_versions(op: str, domain: str) -> tuple[int, ...]:
+    return tuple(sorted(s.since_version for s in _all_schemas().get((domain, op), ())))
+
+
+@cache
+def _all_schemas() -> dict[tuple[str, str], list[onnx.defs.OpSchema]]:
+    out: dict[tuple[str, str], list[onnx.defs.OpSchema]] = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        out.setdefault(("" if s.domain == "ai.onnx" else s.domain, s.name), []).append(s)
+    return out
+
+
+@cache
+def _schema(op: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+@cache
+def _domain_version(domain: str) -> int:
+    versions = [s.since_version for (d, _), ss in _all_schemas().items() if d == domain for s in ss]
+    return max(versions, default=1)
+
+
+def _node_min_opset(node: Node) -> int:
+    """The oldest opset (>= MIN_OPSET) whose schema for this node's op exists and takes its attributes."""
+    if node.domain != "":
+        return MIN_OPSET
+    if node.op == "Gelu":
+        return MIN_OPSET  # lowered to Erf arithmetic below opset 20
+    versions = _op_versions(node.op, "")
+    if not versions:
+        raise InvalidGraphError(f"node {node.name!r}: {node.op!r} is not an ONNX operator; ops of other libraries "
+                                f"need their domain set")
+    first = max(versions[0], MIN_OPSET)
+    wanted = set(node.attrs)
+    if is_known(node.op):  # canonical attributes: the exporter writes each opset's own form of these
+        wanted -= {"activation", _ATTR_FROM_INPUT.get(node.op)}
+    for v in (first, *(s for s in versions if s > first)):
+        schema = _schema(node.op, "", v)
+        if schema is not None and wanted <= set(schema.attributes):
+            return v
+    return first
+
+
+class _Exporter:
+    """One export: Graph -> ModelProto at a fixed opset."""
+
+    def __init__(self, graph: Graph, opset: int) -> None:
+        self.g = graph
+        self.opset = opset
+        self.taken = set(graph.types) | set(graph.initializers) | set(graph.nodes) | set(graph.output_names)
+        self.nodes: list[NodeProto] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self._scalars: dict[tuple[float, str], str] = {}
+        self.rename, self.identities = self._plan_outputs()
+        self.domains: dict[str, int] = {"": opset}
+
+    def fresh(self, prefix: str) -> str:
+        k = 0
+        while f"{prefix}_{k}" in self.taken:
+            k += 1
+        name = f"{prefix}_{k}"
+        self.taken.add(name)
+        return name
+
+    def r(self, value: str) -> str:
+        return self.rename.get(value, value)
+
+    def _plan_outputs(self) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """Which outputs need an Identity (value named differently), and which internal values must
+        move aside because an output name is theirs."""
+        g = self.g
+        direct: set[str] = set()
+        identities: list[tuple[str, str]] = []
+        for v, name in zip(g.outputs, g.output_names):
+            if name in direct or any(name == o for _, o in identities):
+                raise InvalidGraphError(f"graph {g.name!r} has two outputs named {name!r}")
+            if v == name:
+                direct.add(v)
+            else:
+                identities.append((v, name))
+        rename: dict[str, str] = {}
+        for _, name in identities:
+            if name in g.inputs:
+                raise InvalidGraphError(f"graph {g.name!r}: output name {name!r} is also an input name; "
+                                        f"rename the output")
+            if name in g.types or name in g.initializers:
+                rename[name] = self.fresh(name)
+        return rename, identities
+
+    # ----- nodes --------------------------------------------------------------------------------
+    def emit(self, op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping, name: str,
+             domain: str = "") -> None:
+        version = self.opset if domain == "" else self.domains.setdefault(domain, _domain_version(domain))
+        schema = _schema(op, domain, version)
+        node = helper.make_node(op, list(inputs), list(outputs), name=name, domain=domain or None)
+        node.attribute.extend(_make_attr(k, v, schema, name) for k, v in sorted(attrs.items()))
+        self.nodes.append(node)
+
+    def const(self, arr: np.ndarray, prefix: str) -> str:
+        name = self.fresh(prefix)
+        self.consts[name] = arr
+        return name
+
+    def scalar(self, value: float, dtype: str) -> str:
+        key = (value, dtype)
+        if key not in self._scalars:
+            self._scalars[key] = self.const(np.array(value, dtype=dtype), "xrl_const")
+        return self._scalars[key]
+
+    def export_node(self, n: Node) -> None:
+        inputs = [self.r(v) if v else "" for v in n.inputs]
+        outputs = [self.r(v) for v in n.outputs]
+        attrs = dict(n.attrs)
+        if n.domain != "":
+            self.emit(n.op, inputs, outputs, attrs, n.name, n.domain)
+            return
+        act = attrs.pop("activation", None) if n.op in _FUSED_OPS else None
+        if n.op == "Cast":
+            attrs["to"] = DTYPE_TO_ONNX[attrs["to"]]
+        key = _ATTR_FROM_INPUT.get(n.op)
+        if key is not None:
+            values = attrs.pop(key, None)
+            if key == "axes" and values is not None and len(values) == 0:
+                values = None  # an empty axes list means "not given" in every opset
+            if self.opset >= _INPUT_SINCE[n.op]:
+                if values is not None:
+                    inputs = [inputs[0], self.const(np.array(values, dtype=np.int64), f"{n.name}_{key}")]
+                elif n.op == "Split" and self.opset >= 18:
+                    attrs["num_outputs"] = len(outputs)
+            elif values is not None:
+                attrs[key] = tuple(values)
+        if n.op == "Gelu" and self.opset < 20:
+            self.gelu(inputs[0], outputs[0], attrs.get("approximate", "none"), n.name, n.outputs[0])
+            return
+        if act:
+            if act not in FUSABLE_ACTIVATIONS:
+                raise InvalidGraphError(f"node {n.name!r}: fused activation {act!r} cannot be exported")
+            pre = self.fresh(f"{outputs[0]}_pre_{act.lower()}")
+            self.emit(n.op, inputs, [pre], attrs, n.name)
+            self.activation(act, pre, outputs[0], n.name, n.outputs[0])
+            return
+        self.emit(n.op, inputs, outputs, attrs, n.name)
+
+    def activation(self, act: str, x: str, y: str, base: str, value: str) -> None:
+        if act == "Gelu" and self.opset < 20:
+            self.gelu(x, y, "none", base, value)
+        else:
+            self.emit(act, [x], [y], {}, self.fresh(f"{base}_{act.lower()}"))
+
+    def gelu(self, x: str, y: str, approximate: str, base: str, value: str) -> None:
+        """Gelu before opset 20: 0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation."""
+        dtype = self.g.type_of(value).dtype
+
+        def step(op: str, *args: str, out: str | None = None) -> str:
+            out = out or self.fresh(f"{base}_gelu_{op.lower()}")
+            self.emit(op, args, [out], {}, self.fresh(f"{base}_gelu_{op.lower()}"))
+            return out
+
+        if approximate == "tanh":
+            cube = step("Mul", x, step("Mul", x, x))
+            inner = step("Add", x, step("Mul", cube, self.scalar(0.044715, dtype)))
+            core = step("Tanh", step("Mul", inner, self.scalar(math.sqrt(2 / math.pi), dtype)))
+        elif approximate == "none":
+            core = step("Erf", step("Div", x, self.scalar(math.sqrt(2.0), dtype)))
+        else:
+            raise InvalidGraphError(f"node {base!r}: Gelu approximate={approximate!r} is not 'none' or 'tanh'")
+        step("Mul", step("Mul", x, step("Add", core, self.scalar(1.0, dtype))), self.scalar(0.5, dtype), out=y)
+
+    # ----- model --------------------------------------------------------------------------------
+    def build(self) -> onnx.ModelProto:
+        g = self.g
+        for n in g.topological_order:
+            self.export_node(n)
+        for v, name in self.identities:
+            self.emit("Identity", [self.r(v)], [name], {}, self.fresh(f"{name}_identity"))
+        graph = onnx.GraphProto(name=g.name)
+        graph.node.extend(self.nodes)
+        graph.input.extend(_value_info(v, g.types[v]) for v in g.inputs)
+        graph.output.extend(_value_info(name, g.type_of(v)) for v, name in zip(g.outputs, g.output_names))
+        outputs = set(g.output_names)
+        graph.value_info.extend(_value_info(self.r(v), g.types[v]) for n in g.topological_order
+                                for v in n.outputs if self.r(v) not in outputs)
+        for k, arr in g.initializers.items():
+            _fill_tensor(graph.initializer.add(), self.r(k), arr)
+        for k, arr in self.consts.items():
+            _fill_tensor(graph.initializer.add(), k, arr)
+        opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.domains.items())]
+        return helper.make_model(graph, opset_imports=opsets, producer_name="xrl",
+                                 ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+
+
+def _fill_tensor(t: TensorProto, name: str, arr: np.ndarray) -> None:
+    """Write a weight straight into the graph's TensorProto: numpy_helper.from_array plus an append
+    copies every byte twice more, which is seconds for a model of a few hundred MB."""
+    arr = np.asarray(arr, dtype=np.dtype(arr.dtype).newbyteorder("<"))  # ONNX raw data is little-endian
+    t.name = name
+    t.data_type = DTYPE_TO_ONNX[TensorType.of(arr).dtype]
+    t.dims.extend(arr.shape)
+    t.raw_data = arr.tobytes()  # C order, whatever the array's strides
+
+
+def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, DTYPE_TO_ONNX[t.dtype], list(t.shape))
+
+
+_SCHEMA_TO_ATTR = {int(k): k for k in (AttributeProto.FLOAT, AttributeProto.INT, AttributeProto.STRING,
+                                       AttributeProto.TENSOR, AttributeProto.FLOATS, AttributeProto.INTS,
+                                       AttributeProto.STRINGS, AttributeProto.TENSORS)}
+
+
+def _make_attr(key: str, value, schema: onnx.defs.OpSchema | None, node: str) -> AttributeProto:
+    """A python attribute value as ONNX, typed by the op's schema where there is one (so an int
+    written where ONNX wants a float still exports right)."""
+    want = None
+    if schema is not None and key in schema.attributes:
+        want = _SCHEMA_TO_ATTR.get(int(schema.attributes[key].type))
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, tuple | list):
+        items = list(value)
+        if want == AttributeProto.TENSORS or (want is None and items and isinstance(items[0], np.ndarray)):
+            return helper.make_attribute(key, [numpy_helper.from_array(x) for x in items],
+                                         attr_type=AttributeProto.TENSORS)
+        if want == AttributeProto.STRINGS or (want is None and items and all(isinstance(x, str) for x in items)):
+            return helper.make_attribute(key, [str(x) for x in items], attr_type=AttributeProto.STRINGS)
+        if want == AttributeProto.FLOATS or (want is None and any(isinstance(x, float) for x in items)):
+            return helper.make_attribute(key, [float(x) for x in items], attr_type=AttributeProto.FLOATS)
+        return helper.make_attribute(key, [int(x) for x in items], attr_type=AttributeProto.INTS)
+    if isinstance(value, str):
+        return helper.make_attribute(key, value, attr_type=AttributeProto.STRING)
+    if isinstance(value, bool | int | np.integer):
+        if want == AttributeProto.FLOAT:
+            return helper.make_attribute(key, float(value), attr_type=AttributeProto.FLOAT)
+        return helper.make_attribute(key, int(value), attr_type=AttributeProto.INT)
+    if isinstance(value, float | np.floating):
+        if want == AttributeProto.INT and float(value).is_integer():
+            return helper.make_attribute(key, int(value), attr_type=AttributeProto.INT)
+        return helper.make_attribute(key, float(value), attr_type=AttributeProto.FLOAT)
+    raise InvalidGraphError(f"node {node!r}: attribute {key!r} holds a {type(value).__name__}, which ONNX "
+                            f"cannot store")
+
+
+# ===== writing =================================================================================
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write `model` atomically (a temporary file in the same folder, then a rename): a failed or
+    interrupted write never leaves a partial file. Weights past ~1.8 GB go to `<name>.data` beside it."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{path} is a directory; give a file path such as {path / 'model.onnx'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise OutputPathError(f"cannot write {path}: folder {folder} does not exist; create it first")
+    try:
+        weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
+        if weight_bytes > EXTERNAL_DATA_THRESHOLD:
+            _save_external(model, path)
+        else:
+            _atomic_write(path, [model.SerializeToString()])
+    except OSError as e:
+        raise OutputPathError(f"cannot write {path} ({e.strerror or brief_error(e)}); check the folder is writable "
+                              f"and has space") from e
+    return path
+
+
+def _atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a saved model is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _save_external(model: onnx.ModelProto, path: Path) -> None:
+    """Big tensors' bytes to `<path>.data`, the rest to `path`. The tensors are pointed at the data
+    file only while the model is serialised, then restored: the caller's model is unchanged."""
+    data_name = f"{path.name}.data"
+    moved: list[tuple[TensorProto, bytes]] = []
+    fd, data_tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            offset = 0
+            for t in model.graph.initializer:
+                if not t.HasField("raw_data") or t.HasField("data_location") or t.ByteSize() < _EXTERNAL_MIN_TENSOR:
+                    continue
+                raw = t.raw_data
+                f.write(raw)
+                moved.append((t, raw))
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = k, v
+                offset += len(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            head = model.SerializeToString()
+        except Exception as e:  # still over protobuf's 2 GiB without the big weights
+            raise OutputPathError(f"cannot write {path}: the model is too large to serialise even with its "
+                                  f"weights outside ({brief_error(e)})") from e
+        finally:
+            for t, raw in moved:
+                del t.external_data[:]
+                t.ClearField("data_location")  # proto2: an explicit DEFAULT would serialise differently
+                t.raw_data = raw
+        os.chmod(data_tmp, 0o644)
+        os.replace(data_tmp, path.parent / data_name)  # data first: the model never points at missing bytes
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(data_tmp)
+        raise
+    _atomic_write(path, [head])
