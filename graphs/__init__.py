@@ -1,1 +1,67 @@
-"""Built-in benchmark graphs (imported as xrl.graphs)."""
+"""Built-in benchmark graphs (imported as xrl.graphs).
+
+Each built-in graph is a builder that returns a valid float32 ONNX model (opset 17) with seeded
+weights: `build("bert", batch=1, seed=0)`. The same name, batch and seed always give a
+byte-identical model. Suites: "xrlflow" (X-RLflow's evaluation graphs), "taso" (the extra TASO and
+Tensat benchmarks) and "small" (tiny graphs for fast tests and demos).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from xrl.errors import ConfigError, UnknownGraphError
+
+from . import cnns, rnns, small, transformers
+
+
+@dataclass(frozen=True)
+class BuiltinGraph:
+    name: str
+    family: str  # "transformer" | "cnn" | "rnn" | "small"
+    description: str
+    suite: str  # "xrlflow" | "taso" | "small"
+    build: Callable[..., onnx.ModelProto]  # build(batch: int = 1, seed: int = 0)
+
+
+SUITES = ("xrlflow", "taso", "small")
+
+_GRAPHS = [
+    BuiltinGraph("bert", "transformer", transformers.BERT_DOC, "xrlflow", transformers.bert),
+    BuiltinGraph("vit", "transformer", transformers.VIT_DOC, "xrlflow", transformers.vit),
+    BuiltinGraph("dalle", "transformer", transformers.DALLE_DOC, "xrlflow", transformers.dalle),
+    BuiltinGraph("tt", "transformer", transformers.TT_DOC, "xrlflow", transformers.tt),
+    BuiltinGraph("inception_v3", "cnn", cnns.INCEPTION_DOC, "xrlflow", cnns.inception_v3),
+    BuiltinGraph("resnext50", "cnn", cnns.RESNEXT50_DOC, "xrlflow", cnns.resnext50),
+    BuiltinGraph("squeezenet", "cnn", cnns.SQUEEZENET_DOC, "xrlflow", cnns.squeezenet),
+    BuiltinGraph("nasrnn", "rnn", rnns.NASRNN_DOC, "taso", rnns.nasrnn),
+    BuiltinGraph("nasnet_a", "cnn", cnns.NASNET_DOC, "taso", cnns.nasnet_a),
+    BuiltinGraph("resnet50", "cnn", cnns.RESNET50_DOC, "taso", cnns.resnet50),
+    BuiltinGraph("vgg19", "cnn", cnns.VGG19_DOC, "taso", cnns.vgg19),
+    BuiltinGraph("mlp", "small", small.MLP_DOC, "small", small.mlp),
+    BuiltinGraph("tiny_cnn", "small", small.TINY_CNN_DOC, "small", small.tiny_cnn),
+]
+BUILTIN_GRAPHS: dict[str, BuiltinGraph] = {g.name: g for g in _GRAPHS}
+
+
+def names(suite: str | None = None) -> list[str]:
+    """Built-in graph names, in registry order (X-RLflow suite, TASO extras, small), optionally of one suite."""
+    if suite is not None and suite not in SUITES:
+        raise UnknownGraphError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
+    return [g.name for g in _GRAPHS if suite is None or g.suite == suite]
+
+
+def build(name: str, *, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """Build the built-in graph `name` as an ONNX model with batch size `batch` and weights from `seed`."""
+    graph = BUILTIN_GRAPHS.get(name)
+    if graph is None:
+        close = difflib.get_close_matches(name, BUILTIN_GRAPHS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownGraphError(f"unknown built-in graph {name!r}; {hint}valid names: {', '.join(BUILTIN_GRAPHS)}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+    return graph.build(batch=batch, seed=seed)
