@@ -2,6 +2,9 @@
 
     analytic  roofline per op on a named device profile (DEVICE_PROFILES); deterministic, microseconds
     ort       onnxruntime end-to-end wall time of the whole graph on this machine
+    op        each distinct operator configuration timed alone through PyTorch (TASO), cached on disk
+    e2e       the whole graph timed with onnxruntime or a PyTorch executor (CUDA graphs on a GPU)
+    cuda      op or e2e timing through the native harness in cuda/ (needs a GPU)
 
 To add a backend: subclass `CostModel` with a keyword-only `__init__(self, *, device=None, ...)`,
 import heavy libraries inside its methods (so `import xrl.cost` stays cheap), and add one line to
@@ -16,12 +19,17 @@ from typing import Any
 from xrl.cost.analytic import AnalyticCostModel
 from xrl.cost.base import CostModel, Measurement, op_key
 from xrl.cost.devices import DEVICE_PROFILES, DeviceProfile, get_device
+from xrl.cost.e2e import CudaCostModel, E2ECostModel  # torch loads inside their methods
+from xrl.cost.op_measured import OpMeasuredCostModel
 from xrl.cost.ort import OrtCostModel
 from xrl.errors import ConfigError
 
 COST_MODELS: dict[str, type[CostModel]] = {
     "analytic": AnalyticCostModel,
     "ort": OrtCostModel,
+    "op": OpMeasuredCostModel,
+    "e2e": E2ECostModel,
+    "cuda": CudaCostModel,
 }
 
 
