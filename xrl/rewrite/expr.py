@@ -1,0 +1,175 @@
+"""The small expression language of rules: conditions, computed attributes, example shapes.
+
+An expression is a Python expression restricted to literals, names, tuples/lists, arithmetic,
+comparisons, `and`/`or`/`not`, `x if c else y`, indexing and calls of the functions below. It is
+checked once when the rule file is parsed (anything else is a syntax error: no attribute access,
+no lambdas, no comprehensions) and then compiled and run by `eval` with no builtins, so a rule
+file cannot run arbitrary code.
+
+Names are rule variables. A tensor variable evaluates to the *name* of the value it matched (so
+`a == b` asks "the same value?"), and the tensor functions (`shape`, `rank`, `weight`, ...) take
+such names and look their types and contents up in the graph being rewritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from xrl.ir.types import TensorType
+
+_ALLOWED = (
+    ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Tuple, ast.List, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+    ast.Compare, ast.Call, ast.Subscript, ast.Slice, ast.IfExp,
+    ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Not, ast.And,
+    ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot,
+)
+
+
+class Values(Protocol):
+    """What tensor functions may ask of the graph a rule is matched in."""
+
+    def type_of(self, value: str) -> TensorType: ...
+
+    def is_weight(self, value: str) -> bool: ...
+
+    def weight_value(self, value: str) -> np.ndarray | None: ...
+
+
+class EvalError(Exception):
+    """An expression could not be evaluated on this match (e.g. `value` of an activation)."""
+
+
+def _tensor_functions(g: Values) -> dict[str, Callable[..., Any]]:
+    def typ(v: str | None) -> TensorType:
+        if not isinstance(v, str) or not v:
+            raise EvalError(f"{v!r} is not a tensor")
+        return g.type_of(v)
+
+    def value(v: str) -> np.ndarray:
+        a = g.weight_value(v) if isinstance(v, str) and g.is_weight(v) else None
+        if a is None:
+            raise EvalError(f"{v!r} is not a weight")
+        return a
+
+    def all_equal(v: str, x: float) -> bool:
+        return isinstance(v, str) and g.is_weight(v) and bool(np.all(value(v) == x))
+
+    def close(v: str, x: float) -> bool:
+        return isinstance(v, str) and g.is_weight(v) and bool(np.allclose(value(v), x, rtol=1e-6, atol=0.0))
+
+    return {
+        "shape": lambda v: typ(v).shape,
+        "rank": lambda v: typ(v).rank,
+        "dim": lambda v, i: typ(v).shape[i],
+        "numel": lambda v: typ(v).numel,
+        "dtype": lambda v: typ(v).dtype,
+        "weight": lambda v: isinstance(v, str) and g.is_weight(v),
+        "present": lambda v: v is not None,
+        "value": value,
+        "all_equal": all_equal,
+        "close": close,
+    }
+
+
+def compose(p: tuple[int, ...], q: tuple[int, ...]) -> tuple[int, ...]:
+    """The permutation of Transpose(Transpose(x, p), q)."""
+    return tuple(p[i] for i in q)
+
+
+def inverse(p: tuple[int, ...]) -> tuple[int, ...]:
+    out = [0] * len(p)
+    for i, j in enumerate(p):
+        out[j] = i
+    return tuple(out)
+
+
+def bcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy broadcasting of `shapes`, or None when they do not broadcast."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def channel_vector(shape: tuple[int, ...], channels: int, rank: int) -> bool:
+    """A shape that broadcasts against (N, channels, *spatial) of `rank` as one value per channel."""
+    if len(shape) > rank:
+        return False
+    full = (1,) * (rank - len(shape)) + tuple(shape)
+    return full[0] == 1 and full[1] in (1, channels) and all(d == 1 for d in full[2:])
+
+
+PURE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "len": len, "tuple": tuple, "range": range, "min": min, "max": max, "abs": abs, "sum": sum, "all": all,
+    "any": any, "int": int, "float": float, "sorted": sorted, "prod": math.prod, "compose": compose,
+    "inverse": inverse, "bcast": bcast, "channel_vector": channel_vector,
+}
+TENSOR_FUNCTIONS = frozenset(_tensor_functions(None).keys())  # type: ignore[arg-type]
+FUNCTIONS = frozenset(PURE_FUNCTIONS) | TENSOR_FUNCTIONS
+
+
+def check(expr: ast.expr, *, functions: Iterable[str] = FUNCTIONS) -> tuple[set[str], str | None]:
+    """(the variable names `expr` reads, or a problem message)."""
+    allowed_calls = set(functions)
+    names: set[str] = set()
+    for node in ast.walk(expr):
+        if not isinstance(node, _ALLOWED):
+            return names, f"{type(node).__name__} is not allowed in a rule expression"
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in allowed_calls:
+                what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+                return names, f"unknown function {what!r}"
+            if node.keywords:
+                return names, f"function {node.func.id!r} takes no keyword arguments"
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name) and not _is_callee(node, expr):
+            names.add(node.id)
+    return names, None
+
+
+def _is_callee(name: ast.Name, root: ast.expr) -> bool:
+    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(root))
+
+
+class Compiled:
+    """One checked expression, compiled once; `run(env, functions)` evaluates it."""
+
+    __slots__ = ("source", "names", "_code")
+
+    def __init__(self, expr: ast.expr, names: set[str]) -> None:
+        self.source = ast.unparse(expr)
+        self.names = frozenset(names)
+        self._code = compile(ast.Expression(expr), "<rule>", "eval")
+
+    def run(self, env: dict[str, Any], functions: dict[str, Any]) -> Any:
+        try:
+            return eval(self._code, functions, env)  # noqa: S307 - checked AST, no builtins
+        except EvalError:
+            raise
+        except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+            raise EvalError(f"{self.source}: {type(e).__name__}: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"Compiled({self.source!r})"
+
+    def __reduce__(self) -> tuple:
+        return (_recompile, (self.source, tuple(sorted(self.names))))
+
+
+def _recompile(source: str, names: tuple[str, ...]) -> Compiled:
+    return Compiled(ast.parse(source, mode="eval").body, set(names))
+
+
+def function_table(g: Values, extra: Mapping[str, Callable[..., Any]] | None = None) -> dict[str, Any]:
+    """The globals an expression runs with: no builtins, the pure and tensor functions, `extra`."""
+    table: dict[str, Any] = {"__builtins__": {}}
+    table.update(PURE_FUNCTIONS)
+    table.update(_tensor_functions(g))
+    if extra:
+        table.update(extra)
+    return table
