@@ -1,0 +1,327 @@
+"""The comparison driver: every method on every graph, each result recomputed and verified.
+
+A run goes through `xrl.api.run_search`, the same dispatch `xrl optimize --search M` uses, so a
+method is compared exactly as a user would run it. Nothing a method reports is trusted: the cost is
+recomputed from the graph it returns, the graph is validated, exported to ONNX and run against the
+loaded reference under onnxruntime (`compare_models`). A method that raises is recorded as failed
+with its reason and the remaining runs go on; a method that is not installed (the RL policy) is
+recorded as unavailable.
+
+Outputs in `out_dir`: results.csv, results.md (per graph and method, then a geometric-mean row per
+method), speedup.png (grouped bars) and speedup_vs_time.png (speedup against optimiser wall time,
+log x).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from xrl.errors import ConfigError, XrlError
+
+METHODS = ("rl", "taso", "tensat", "greedy", "random")
+SUITES = ("xrlflow", "taso", "small", "all")
+
+# A method's module that must import for the method to count as available (the RL policy search is
+# built separately; until it exists, compare reports it as unavailable rather than failed).
+_REQUIRED_MODULES = {"rl": "xrl.search.rl_search"}
+
+STATUS_OK, STATUS_WRONG, STATUS_FAILED, STATUS_UNAVAILABLE = "ok", "wrong output", "failed", "unavailable"
+
+
+@dataclass
+class RunRecord:
+    """One method on one graph. Costs in seconds; speedup = original / optimised cost."""
+
+    graph: str
+    method: str
+    status: str  # ok | wrong output | failed | unavailable
+    original_cost: float = math.nan
+    optimized_cost: float = math.nan
+    speedup: float = math.nan
+    time_s: float = math.nan  # optimiser wall time, excluding verification
+    rewrites: int = 0
+    verified: bool = False  # outputs equal to the reference under onnxruntime
+    max_abs_err: float = math.nan
+    original_nodes: int = 0
+    optimized_nodes: int = 0
+    error: str = ""
+
+    @property
+    def counted(self) -> bool:
+        """Included in the geometric mean: a verified result."""
+        return self.status == STATUS_OK
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    graphs: tuple[str, ...]
+    methods: tuple[str, ...] = METHODS
+    cost: str = "analytic"
+    device: str = "h100"
+    seed: int = 0
+    time_limit: float | None = None  # seconds per run, for every method without its own limit
+    method_time_limits: Mapping[str, float] | None = None  # per-method override of time_limit
+    method_options: Mapping[str, Mapping[str, Any]] | None = None  # per-method search options
+    steps: Mapping[str, int] | None = None  # per-method step budget (random: steps taken)
+
+
+def resolve_graphs(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """Graph names from a suite name ("xrlflow", "taso", "small", "all") or a comma list of names."""
+    from xrl import graphs
+
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    if not items:
+        raise ConfigError("no graphs given; name built-in graphs (comma separated) or a suite: " + ", ".join(SUITES))
+    out: list[str] = []
+    for item in items:
+        if item in SUITES:
+            out.extend(graphs.names(None if item == "all" else item))
+        else:
+            out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+def resolve_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    unknown = [m for m in items if m not in METHODS]
+    if unknown or not items:
+        raise ConfigError(f"unknown method {unknown[0]!r}; " if unknown else "no methods given; "
+                          f"choose from: {', '.join(METHODS)}")
+    return tuple(dict.fromkeys(items))
+
+
+def method_available(method: str) -> str | None:
+    """None if `method` can run here, else why not."""
+    module = _REQUIRED_MODULES.get(method)
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"{module} is not installed"
+    return None
+
+
+# ----- running --------------------------------------------------------------------------------
+Progress = Callable[[RunRecord, int, int], None]
+
+
+def run_compare(config: CompareConfig, *, progress: Progress | None = None) -> list[RunRecord]:
+    """Every method in `config` on every graph; never raises for one run's failure."""
+    from xrl.api import get_cost
+    from xrl.frontends.loader import load_model
+
+    cost_model = get_cost(config.cost, config.device)
+    records: list[RunRecord] = []
+    total = len(config.graphs) * len(config.methods)
+    for name in config.graphs:
+        try:
+            loaded = load_model(name, seed=config.seed)
+            original_cost = cost_model.cost(loaded.graph)
+        except XrlError as e:  # an unknown graph name fails every method on it, and only those
+            for method in config.methods:
+                records.append(RunRecord(name, method, STATUS_FAILED, error=f"loading the graph: {e}"))
+                _report(progress, records, total)
+            continue
+        for method in config.methods:
+            records.append(run_one(loaded, method, cost_model, original_cost, config))
+            _report(progress, records, total)
+    return records
+
+
+def _report(progress: Progress | None, records: list[RunRecord], total: int) -> None:
+    if progress is not None:
+        progress(records[-1], len(records), total)
+
+
+def run_one(loaded, method: str, cost_model, original_cost: float, config: CompareConfig) -> RunRecord:
+    """One method on one loaded graph, recomputed and verified."""
+    from xrl.api import run_search
+    from xrl.frontends.onnx_io import to_onnx
+    from xrl.frontends.verify import compare_models
+
+    graph = loaded.graph
+    rec = RunRecord(loaded.source, method, STATUS_FAILED, original_cost=original_cost, original_nodes=len(graph))
+    why = method_available(method)
+    if why is not None:
+        rec.status, rec.error = STATUS_UNAVAILABLE, why
+        return rec
+    limits = dict(config.method_time_limits or {})
+    time_limit = limits.get(method, config.time_limit)
+    options = dict((config.method_options or {}).get(method, {}))
+    steps = (config.steps or {}).get(method)
+    t0 = time.perf_counter()
+    try:
+        outcome = run_search(method, graph, cost_model, seed=config.seed, steps=steps, time_limit=time_limit,
+                             options=options)
+        rec.time_s = time.perf_counter() - t0
+        best = outcome.graph.validate()
+        rec.optimized_cost = cost_model.cost(best)  # recomputed from the graph, never the method's own number
+        rec.speedup = original_cost / rec.optimized_cost if rec.optimized_cost > 0 else math.nan
+        rec.rewrites = len(outcome.steps)
+        rec.optimized_nodes = len(best)
+        check = compare_models(loaded.reference, to_onnx(best), seed=config.seed)
+    except Exception as e:  # noqa: BLE001 - one method's failure must not stop the comparison
+        if math.isnan(rec.time_s):
+            rec.time_s = time.perf_counter() - t0
+        rec.error = _one_line(e)
+        if isinstance(e, XrlError) and "is not available" in str(e):  # the API has no runner for it here
+            rec.status, rec.time_s = STATUS_UNAVAILABLE, math.nan
+        return rec
+    rec.verified = bool(check.ok)
+    rec.max_abs_err = float(check.max_abs_err)
+    rec.status = STATUS_OK if check.ok else STATUS_WRONG
+    if not check.ok:
+        rec.error = f"outputs differ from the reference (max abs error {check.max_abs_err:.3g})"
+    return rec
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, XrlError):
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    loc = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}{loc}: {msg}" if msg else f"{type(e).__name__}{loc}"
+
+
+# ----- summaries ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MethodSummary:
+    method: str
+    geomean_speedup: float  # over verified runs
+    runs_ok: int
+    runs: int
+    mean_time_s: float
+
+
+def summarize(records: Sequence[RunRecord]) -> list[MethodSummary]:
+    """One row per method, in the order the methods first appear."""
+    out = []
+    for method in dict.fromkeys(r.method for r in records):
+        mine = [r for r in records if r.method == method]
+        ok = [r for r in mine if r.counted and r.speedup > 0]
+        geo = math.exp(math.fsum(math.log(r.speedup) for r in ok) / len(ok)) if ok else math.nan
+        times = [r.time_s for r in ok]
+        out.append(MethodSummary(method, geo, len(ok), len(mine), math.fsum(times) / len(times) if times else math.nan))
+    return out
+
+
+CSV_COLUMNS = [f.name for f in fields(RunRecord)]
+TABLE_HEADERS = ["graph", "method", "original", "optimised", "speedup", "time (s)", "rewrites", "verified", "note"]
+
+
+def table_rows(records: Sequence[RunRecord]) -> list[list[Any]]:
+    """Rows for a human table (costs in microseconds), then one geometric-mean row per method."""
+    rows: list[list[Any]] = []
+    for r in records:
+        rows.append([r.graph, r.method, _us(r.original_cost), _us(r.optimized_cost), _num(r.speedup, 3),
+                     _num(r.time_s, 2), r.rewrites if r.status in (STATUS_OK, STATUS_WRONG) else "",
+                     _verified(r), r.error])
+    for s in summarize(records):
+        rows.append(["geomean", s.method, "", "", _num(s.geomean_speedup, 3), _num(s.mean_time_s, 2), "",
+                     f"{s.runs_ok}/{s.runs}", "speedup over verified runs; time = mean"])
+    return rows
+
+
+def _us(seconds: float) -> str:
+    return "" if math.isnan(seconds) else f"{seconds * 1e6:.1f} us"
+
+
+def _num(v: float, digits: int) -> str:
+    return "" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def _verified(r: RunRecord) -> str:
+    if r.status in (STATUS_FAILED, STATUS_UNAVAILABLE):
+        return r.status
+    return "yes" if r.verified else "NO"
+
+
+def write_results(records: Sequence[RunRecord], out_dir: str | Path, *, title: str = "xrl compare",
+                  header: str = "") -> dict[str, Path]:
+    """results.csv, results.md and the two plots; returns their paths by name."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out / "results.csv", "md": out / "results.md"}
+    with paths["csv"].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in records:
+            w.writerow(asdict(r))
+        for s in summarize(records):
+            w.writerow({"graph": "geomean", "method": s.method, "status": f"{s.runs_ok}/{s.runs} ok",
+                        "speedup": s.geomean_speedup, "time_s": s.mean_time_s})
+    paths["md"].write_text(markdown_table(records, title=title, header=header))
+    paths.update(write_plots(records, out))
+    return paths
+
+
+def markdown_table(records: Sequence[RunRecord], *, title: str = "xrl compare", header: str = "") -> str:
+    lines = [f"# {title}", ""]
+    if header:
+        lines += [header, ""]
+    lines.append("| " + " | ".join(TABLE_HEADERS) + " |")
+    lines.append("|" + "|".join("---" if i < 2 or i == len(TABLE_HEADERS) - 1 else "---:"
+                                for i in range(len(TABLE_HEADERS))) + "|")
+    for row in table_rows(records):
+        cells = [str(c).replace("|", "\\|") for c in row]
+        if row[0] == "geomean":
+            cells = [f"**{c}**" if c else c for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(records: Sequence[RunRecord], out_dir: Path) -> dict[str, Path]:
+    """speedup.png (grouped bars per graph) and speedup_vs_time.png (log-x scatter), Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    graphs = list(dict.fromkeys(r.graph for r in records))
+    # A method with no verified result (unavailable, or failed everywhere) has nothing to draw.
+    methods = [m for m in dict.fromkeys(r.method for r in records) if any(r.counted for r in records if r.method == m)]
+    by_key = {(r.graph, r.method): r for r in records}
+    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    paths = {"speedup_plot": out_dir / "speedup.png", "time_plot": out_dir / "speedup_vs_time.png"}
+
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(graphs) + 2), 4.0))
+    for k, m in enumerate(methods):
+        xs, ys = [], []
+        for i, g in enumerate(graphs):
+            r = by_key.get((g, m))
+            if r is not None and r.counted:
+                xs.append(i + (k - (len(methods) - 1) / 2) * width)
+                ys.append(r.speedup)
+        ax.bar(xs, ys, width=width, label=m, color=colors[m])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(graphs)))
+    ax.set_xticklabels(graphs, rotation=30, ha="right")
+    ax.set_ylabel("speedup (original / optimised cost)")
+    ax.set_title("speedup per graph (verified results only)")
+    ax.legend(fontsize="small", ncols=min(len(methods), 5))
+    fig.tight_layout()
+    fig.savefig(paths["speedup_plot"], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for m in methods:
+        pts = [(r.time_s, r.speedup) for r in records if r.method == m and r.counted and r.time_s > 0]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=m, color=colors[m], alpha=0.8)
+    ax.set_xscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("optimisation time (s, log scale)")
+    ax.set_ylabel("speedup")
+    ax.set_title("speedup against optimisation time")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(paths["time_plot"], dpi=120)
+    plt.close(fig)
+    return paths
