@@ -103,7 +103,25 @@ def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
     return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
 
 
-_SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {"greedy": _greedy, "random": _random}
+def _lazy(module: str, function: str) -> Callable[..., SearchOutcome]:
+    """A runner imported on first use, so `xrl optimize --search greedy` never loads torch or egglog."""
+
+    def runner(*args: Any, **kwargs: Any) -> SearchOutcome:
+        import importlib
+
+        res = getattr(importlib.import_module(module), function)(*args, **kwargs)
+        return SearchOutcome(res.graph, list(res.steps), dict(res.details))
+
+    return runner
+
+
+_SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {
+    "greedy": _greedy,
+    "random": _random,
+    "taso": _lazy("xrl.search.taso", "taso_runner"),
+    "tensat": _lazy("xrl.search.tensat", "tensat_runner"),
+    "rl": _lazy("xrl.search.rl_search", "run_rl"),
+}
 
 
 def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:

@@ -8,15 +8,14 @@ For one state with current graph G and rewrites G_1..G_n the meta-graph holds n 
     state_graph [0]                             each state's current graph
 
 `collate` joins several states' meta-graphs into one (indices offset), which is how PPO batches a
-minibatch of states: one encoder pass over every graph of every state. A candidate never needs
-the graph it came from beyond its features, so candidates are featurised through `FeatureCache`
-(keyed by canonical hash: episodes restarting on one graph see the same first candidates again).
+minibatch of states: one encoder pass over every graph of every state. Candidates are featurised
+through a `FeatureCache`, so a graph seen again is not featurised again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,15 +107,18 @@ def build_metagraph(current: Data, candidates: Sequence[Data], cand_attr: Tensor
 
 
 class FeatureCache:
-    """featurize(graph) memoised by canonical hash, least recently used first out.
+    """featurize memoised, least recently used first out.
 
-    Pays when the same graph comes back: every episode that restarts on a graph sees the same
-    first candidates, and rewrites applied in either order meet in one graph.
+    Keyed by canonical hash where a graph already has one (hashing a graph costs more than
+    featurising it, so a hash is never computed just for the cache), else by the identity of the
+    object the features belong to (the entry holds it, so an id is not reused while it lives).
+    Pays when a graph comes back: every episode that restarts on a graph sees the same first
+    candidates (the env keeps them), and rewrites applied in either order meet in one graph.
     """
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, Data] = OrderedDict()
+        self._items: OrderedDict[object, tuple[object, Data]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -124,18 +126,24 @@ class FeatureCache:
         return len(self._items)
 
     def __call__(self, graph: Graph) -> Data:
+        return self.get(graph, lambda: graph)
+
+    def get(self, owner: object, make_graph: Callable[[], Graph]) -> Data:
+        """Features of the graph `make_graph()` builds for `owner` (a Graph, or e.g. a rewrite candidate)."""
         from xrl.features.featurize import featurize
 
         if self.capacity <= 0:
-            return featurize(graph)
-        key = graph.canonical_hash
-        data = self._items.get(key)
-        if data is not None:
+            return featurize(make_graph())
+        key: object = getattr(owner, "__dict__", {}).get("canonical_hash") or id(owner)
+        hit = self._items.get(key)
+        if hit is not None and (isinstance(key, str) or hit[0] is owner):
             self._items.move_to_end(key)
             self.hits += 1
-            return data
+            return hit[1]
         self.misses += 1
-        data = self._items[key] = featurize(graph)
+        data = featurize(make_graph())
+        self._items[key] = (owner, data)
+        self._items.move_to_end(key)
         if len(self._items) > self.capacity:
             self._items.popitem(last=False)
         return data

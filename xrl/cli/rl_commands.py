@@ -1,0 +1,200 @@
+"""`xrl train` (the Hydra app over conf/) and `xrl eval` (a policy against baselines, per graph)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from xrl.cli.output import format_table, print_json
+from xrl.errors import ConfigError, XrlError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a rewrite policy with PPO (Hydra config in conf/; overrides as key=value)",
+                       description="Train a policy. Overrides are Hydra's: `xrl train model=gin updates=100`; "
+                                   "sweep with -m: `xrl train -m model=gat,gatv2,gin model.layers=3,5`. "
+                                   "Show the composed config with `--cfg job`.")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides (see conf/train.yaml)")
+    p.add_argument("-m", "--multirun", action="store_true", help="sweep over comma-separated override values")
+    p.add_argument("-c", "--cfg", choices=("job", "hydra", "all"), help="print the composed config and exit")
+    p.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
+    p.add_argument("--info", action="store_true", help="print Hydra's search path and config sources, then exit")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="run a policy on graphs: speedup, steps and time per graph (held-out apart)")
+    p.add_argument("--policy", help="policy checkpoint (default: the shipped policy)")
+    p.add_argument("--graphs", help="comma-separated built-in graph names (default: every built-in graph)")
+    p.add_argument("--suite", choices=("xrlflow", "taso", "small"), help="only this suite's graphs")
+    p.add_argument("--cost", default="analytic", help="cost backend (default analytic)")
+    p.add_argument("--device", default="h100", help="device profile of the analytic model (default h100)")
+    p.add_argument("--horizon", type=int, default=50, help="rewrites per rollout at most (default 50)")
+    p.add_argument("--samples", type=int, default=0, help="sampled rollouts besides the greedy one (best kept)")
+    p.add_argument("--max-candidates", type=int,
+                   help="cap on candidates per step (default: the policy's training cap; 0: no cap)")
+    p.add_argument("--baselines", action="store_true", help="also run greedy search and the random policy")
+    p.add_argument("--random-rollouts", type=int, default=3, help="random-policy rollouts per graph (mean reported)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the table (markdown) to FILE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
+
+
+# ----- train --------------------------------------------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    if not (CONF_DIR / "train.yaml").is_file():
+        raise ConfigError(f"the training configs are missing ({CONF_DIR}/train.yaml); run from a source checkout")
+    import hydra
+
+    if not (args.multirun or args.cfg or args.info):
+        _check_overrides(list(args.overrides))
+    errors: list[XrlError] = []
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+    def app(cfg: Any) -> None:
+        try:
+            _train_job(cfg)
+        except XrlError as e:  # Hydra would print its own traceback and exit 1: keep xrl's one-line contract
+            errors.append(e)
+            if not args.multirun:
+                return
+            sys.stderr.write(f"xrl: error in this run: {e}\n")
+
+    argv = ["xrl train"]
+    if args.multirun:
+        argv.append("--multirun")
+    if args.cfg:
+        argv += ["--cfg", args.cfg]
+    if args.resolve:
+        argv.append("--resolve")
+    if args.info:
+        argv.append("--info")
+    saved = sys.argv
+    sys.argv = argv + list(args.overrides)
+    try:
+        app()
+    finally:
+        sys.argv = saved
+    if errors:
+        raise errors[0]
+    return 0
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    """Compose the config once up front, so a bad override is one line and exit code 2 (Hydra's own
+    report is several lines and exit code 1). Sweeps (-m) are left to Hydra: compose cannot expand them."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose("train", overrides=[o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"bad training override: {first} (see `xrl train --cfg job` for the settings)") from None
+
+
+def _train_job(cfg: Any) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from xrl.rl.train import train
+
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    s = train(cfg, out_dir)
+    last = s.history[-1] if s.history else {}
+    print(f"trained {s.updates} updates, {s.env_steps} env steps in {s.time_s:.1f} s; "
+          f"sampled speedup {last.get('speedup_mean', float('nan')):.3f}x, "
+          f"greedy eval {last.get('eval_speedup_mean', float('nan')):.3f}x (train graphs)")
+    print(f"checkpoint {s.last_checkpoint}" + (f", best {s.best_checkpoint}" if s.best_checkpoint else ""))
+    if s.curves:
+        print(f"learning curves {s.curves}")
+
+
+# ----- eval ---------------------------------------------------------------------------------------
+def _graph_names(args: argparse.Namespace) -> list[str]:
+    from xrl import graphs
+
+    if args.graphs:  # unknown names fail when built, with a did-you-mean message
+        return [n.strip() for n in args.graphs.split(",") if n.strip()]
+    return graphs.names(args.suite)
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from xrl.api import get_cost
+    from xrl.env import resolve_graph
+    from xrl.rewrite import RewriteEngine
+    from xrl.rl.checkpoint import default_policy_path, load_policy
+    from xrl.rl.evaluate import optimize_with_policy, random_rollouts
+    from xrl.search.rl_search import candidate_cap
+
+    if args.horizon < 1 or args.samples < 0 or args.random_rollouts < 1:
+        raise ConfigError("--horizon and --random-rollouts must be at least 1, --samples at least 0")
+    path = Path(args.policy) if args.policy else default_policy_path()
+    policy, ckpt = load_policy(path)
+    cap = candidate_cap(ckpt, args.max_candidates)
+    trained_on = set(ckpt.get("metadata", {}).get("train_graphs") or ckpt.get("config", {}).get("graphs", {})
+                     .get("train", []))
+    cost = get_cost(args.cost, args.device)
+    engine = RewriteEngine()
+    rows: list[dict[str, Any]] = []
+    for name in _graph_names(args):
+        graph = resolve_graph(name)
+        run = optimize_with_policy(policy, graph, cost, engine=engine, horizon=args.horizon, samples=args.samples,
+                                   seed=args.seed, max_candidates=cap)
+        row: dict[str, Any] = {"graph": name, "split": "train" if name in trained_on else "held-out",
+                               "ops": len(graph), "rl_speedup": run.speedup, "rl_steps": len(run.steps),
+                               "rl_time_s": run.time_s, "uphill_paid_off": run.uphill_paid_off}
+        if args.baselines:
+            from xrl.search.greedy import greedy_search
+
+            g = greedy_search(graph, cost, engine)
+            row.update(greedy_speedup=g.original_cost / g.cost, greedy_steps=len(g.steps), greedy_time_s=g.time_s)
+            # uniform over every rewrite: the cap ranks candidates by estimated cost, which random must not see
+            rnd = random_rollouts(graph, cost, engine=engine, horizon=args.horizon, rollouts=args.random_rollouts,
+                                  seed=args.seed)
+            row["random_speedup"] = sum(rnd.rollout_speedups) / len(rnd.rollout_speedups)
+        rows.append(row)
+        if not args.json:
+            print(f"\r{len(rows)} graphs evaluated", end="", file=sys.stderr, flush=True)
+    if args.json:
+        print_json({"policy": str(path), "cost_model": cost.describe(), "horizon": args.horizon,
+                "max_candidates": cap, "graphs": rows})
+        return 0
+    print("\r", end="", file=sys.stderr)
+    text = format_eval_tables(rows, baselines=args.baselines, title=f"policy {path.name}, {cost.describe()}, "
+                              f"horizon {args.horizon}, at most {cap or 'all'} candidates per step")
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+def format_eval_tables(rows: list[dict[str, Any]], *, baselines: bool, title: str) -> str:
+    """One table per split (graphs trained on, then held out), with a geometric-mean row each."""
+    head = ["graph", "ops"] + (["random", "greedy"] if baselines else []) + ["rl", "rl steps", "rl time", "uphill"]
+    out = [title]
+    for split in ("train", "held-out"):
+        part = [r for r in rows if r["split"] == split]
+        if not part:
+            continue
+        table = []
+        for r in part:
+            base = [f"{r['random_speedup']:.3f}x", f"{r['greedy_speedup']:.3f}x"] if baselines else []
+            table.append([r["graph"], r["ops"], *base, f"{r['rl_speedup']:.3f}x", r["rl_steps"],
+                          f"{r['rl_time_s']:.1f} s", "yes" if r["uphill_paid_off"] else ""])
+        keys = ("random_speedup", "greedy_speedup") if baselines else ()
+        gm = [f"{_geomean([r[k] for r in part]):.3f}x" for k in keys]
+        table.append(["geomean", "", *gm, f"{_geomean([r['rl_speedup'] for r in part]):.3f}x", "", "", ""])
+        out.append(f"\n{'graphs trained on' if split == 'train' else 'held-out graphs'}:")
+        out.append(format_table(head, table))
+    return "\n".join(out)

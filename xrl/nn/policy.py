@@ -1,0 +1,70 @@
+"""The actor-critic: a graph encoder shared by a candidate-scoring policy head and a value head.
+
+For a state s with current graph G and candidates c (c = 0 is the no-op, whose graph is G):
+
+    h_s = enc(G),  h_c = enc(G_c)
+    score(c) = MLP([h_c, h_s, h_c - h_s, a_c])        a_c: the env's per-candidate hints (CAND_DIM)
+    pi(. | s) = softmax over s's candidates of score   (GroupedCategorical: any number of candidates)
+    V(s)     = MLP([h_s, b_s])                         b_s: per-state scalars (STATE_DIM)
+
+Candidate scoring is per candidate, so one policy serves a state with 3 candidates and one with
+800, and a graph never seen in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from xrl.features.metagraph import CAND_DIM, STATE_DIM, MetaGraph
+from xrl.nn.distributions import GroupedCategorical
+from xrl.nn.encoders import EncoderConfig, GraphEncoder, mlp
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything needed to rebuild a policy network (stored in every checkpoint)."""
+
+    node_dim: int
+    edge_dim: int
+    global_dim: int
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    use_hints: bool = True  # False: the policy sees the graphs alone (the env's hints are zeroed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PolicyConfig:
+        d = dict(d)
+        d["encoder"] = EncoderConfig(**d.get("encoder", {}))
+        return PolicyConfig(**d)
+
+
+class GraphPolicy(nn.Module):
+    def __init__(self, cfg: PolicyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.encoder.hidden
+        self.encoder = GraphEncoder(cfg.node_dim, cfg.edge_dim, cfg.global_dim, cfg.encoder)
+        self.score = mlp(3 * h + CAND_DIM, h, h, 1)
+        self.value = mlp(h + STATE_DIM, h, h, 1)
+
+    def forward(self, meta: MetaGraph) -> tuple[GroupedCategorical, Tensor]:
+        """The action distribution of every state in `meta`, and its value [S]."""
+        g = meta.graphs
+        emb = self.encoder(g.x, g.edge_index, g.edge_attr, g.u, g.batch)  # [B, H]: one per graph
+        h_s = emb[meta.state_graph]  # [S, H]
+        h_c = emb[meta.cand_graph]  # [C, H]
+        h_sc = h_s[meta.cand_state]  # [C, H]: each candidate's state
+        hints = meta.cand_attr if self.cfg.use_hints else torch.zeros_like(meta.cand_attr)
+        state_attr = meta.state_attr if self.cfg.use_hints else torch.zeros_like(meta.state_attr)
+        logits = self.score(torch.cat([h_c, h_sc, h_c - h_sc, hints], dim=1)).squeeze(-1)  # [C]
+        value = self.value(torch.cat([h_s, state_attr], dim=1)).squeeze(-1)  # [S]
+        return GroupedCategorical(logits, meta.cand_state, meta.num_states), value
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

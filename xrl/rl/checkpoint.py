@@ -1,0 +1,136 @@
+"""Checkpoints: the policy (with the config that rebuilds it), and for training the optimizer, RNG
+states and counters that let `resume=PATH` continue exactly where the run stopped.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
+`torch.load(weights_only=True)`: opening a policy file never runs code from it. Files are written
+to a temporary name beside the target and renamed over it, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xrl.errors import XrlError
+from xrl.nn.policy import GraphPolicy, PolicyConfig
+
+FORMAT = "xrl-policy/1"
+
+
+class CheckpointError(XrlError):
+    """A policy or training checkpoint that is missing, unreadable, or not an xrl checkpoint."""
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a checkpoint is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def rng_state(np_rng: np.random.Generator) -> dict[str, Any]:
+    """Every RNG the trainer draws from, as weights_only-loadable values."""
+    return {"torch": torch.get_rng_state(), "numpy_ppo": np_rng.bit_generator.state, "python": random.getstate()}
+
+
+def restore_rng(state: dict[str, Any], np_rng: np.random.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    np_rng.bit_generator.state = state["numpy_ppo"]
+    random.setstate(_as_tuple(state["python"]))
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def save_checkpoint(path: str | Path, policy: GraphPolicy, *, optimizer: torch.optim.Optimizer | None = None,
+                    update: int = 0, env_steps: int = 0, rng: dict[str, Any] | None = None,
+                    config: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
+                    metadata: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint atomically; without `optimizer` and `rng` it is a policy file only."""
+    ckpt: dict[str, Any] = {
+        "format": FORMAT,
+        "policy_config": policy.cfg.to_dict(),
+        "model": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
+        "update": update,
+        "env_steps": env_steps,
+        "config": config or {},
+        "metadata": metadata or {},
+    }
+    if optimizer is not None:
+        ckpt["optimizer"] = optimizer.state_dict()
+    if rng is not None:
+        ckpt["rng"] = rng
+    if history is not None:
+        ckpt["history"] = history
+    return atomic_torch_save(ckpt, path)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such policy checkpoint (train one with `xrl train`, or omit --policy "
+                              "to use the shipped one)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable xrl checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an xrl policy checkpoint (expected format {FORMAT})")
+    return ckpt
+
+
+def load_policy(path: str | Path) -> tuple[GraphPolicy, dict[str, Any]]:
+    """The policy stored in a checkpoint (in eval mode), and the checkpoint's other entries."""
+    ckpt = load_checkpoint(path)
+    try:
+        policy = GraphPolicy(PolicyConfig.from_dict(ckpt["policy_config"]))
+        policy.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: the stored policy does not fit this version of xrl ({e})") from None
+    _check_feature_dims(policy.cfg, path)
+    policy.eval()
+    return policy, ckpt
+
+
+def export_policy(src: str | Path, dst: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+    """A policy-only copy of a training checkpoint (no optimizer, RNG or history): what ships."""
+    ckpt = load_checkpoint(src)
+    policy, _ = load_policy(src)
+    meta = {**ckpt.get("metadata", {}), **(metadata or {})}
+    meta.pop("wandb_id", None)
+    return save_checkpoint(dst, policy, update=int(ckpt.get("update", 0)), env_steps=int(ckpt.get("env_steps", 0)),
+                           config=ckpt.get("config", {}), metadata=meta)
+
+
+def _check_feature_dims(cfg: PolicyConfig, path: str | Path) -> None:
+    from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
+
+    if (cfg.node_dim, cfg.edge_dim, cfg.global_dim) != (NODE_DIM, EDGE_DIM, GLOBAL_DIM):
+        raise CheckpointError(f"{path} was trained on features of size {(cfg.node_dim, cfg.edge_dim, cfg.global_dim)}"
+                              f" but this xrl makes {(NODE_DIM, EDGE_DIM, GLOBAL_DIM)}; retrain the policy")
+
+
+def default_policy_path() -> Path:
+    """The policy shipped with xrl (trained on the built-in suite under the analytic cost model)."""
+    from importlib.resources import files
+
+    return Path(str(files("xrl.policies") / "default.pt"))

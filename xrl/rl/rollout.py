@@ -1,0 +1,325 @@
+"""Rollout collection: whole episodes under the current policy, from several processes at once.
+
+PPO asks a `RolloutCollector` for the experience of one update and never sees how it was made:
+
+    collect(weights, update) -> Rollout      episodes played with `weights`, seeded by (seed, update, worker)
+    evaluate(weights, graphs) -> records      one greedy (argmax) episode per graph, not for training
+
+`LocalCollector` plays in this process; `ProcessCollector` gives each of N worker processes its own
+envs, policy copy and feature cache, and gathers their episodes in worker order. A distributed
+backend (Ray actors, a cluster queue) would implement the same two methods.
+
+Every episode is played to its end, so an update's experience never depends on the previous
+update's unfinished episodes: given (seed, update) and the weights a rollout is reproducible,
+which is what lets a resumed run continue exactly.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from xrl.features.metagraph import FeatureCache, MetaGraph
+from xrl.nn.policy import GraphPolicy, PolicyConfig
+from xrl.rl.ppo import RolloutBatch
+
+
+@dataclass
+class EpisodeRecord:
+    """What one episode did: its return, the speedup it ended with and the best it passed through."""
+
+    graph: str
+    ret: float
+    length: int
+    speedup: float  # cost at the start / cost at the end, under the env's cost backend
+    best_speedup: float
+    rewrites: list[str]
+    uphill_paid_off: bool = False  # some step raised the cost and the episode still ended cheaper than before it
+    time_s: float = 0.0
+
+
+@dataclass
+class Rollout:
+    """Transitions of whole episodes, episode after episode, and their records."""
+
+    obs: list[MetaGraph] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    dones: list[float] = field(default_factory=list)
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    collect_s: float = 0.0  # wall time of the collection
+
+    def __len__(self) -> int:
+        return len(self.obs)
+
+    def extend(self, other: Rollout) -> None:
+        self.obs += other.obs
+        self.actions += other.actions
+        self.logp += other.logp
+        self.values += other.values
+        self.rewards += other.rewards
+        self.dones += other.dones
+        self.episodes += other.episodes
+
+    def to_batch(self) -> RolloutBatch:
+        return RolloutBatch(self.obs, torch.tensor(self.actions, dtype=torch.long), torch.tensor(self.logp),
+                            torch.tensor(self.values), torch.tensor(self.rewards), torch.tensor(self.dones))
+
+
+@dataclass(frozen=True)
+class CollectorSpec:
+    """Everything a worker needs to build its envs and policy (picklable: workers are spawned)."""
+
+    graphs: tuple[str, ...]  # built-in graph names to train on
+    policy: PolicyConfig
+    env: Mapping[str, Any]  # GraphRewriteEnv keyword arguments (horizon, reward, shaping, max_candidates, ...)
+    cost: str = "analytic"
+    device: str = "h100"
+    episodes_per_worker: int = 4
+    seed: int = 0
+    cache_size: int = 4096
+
+
+def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache, graph: Any, *, greedy: bool,
+                 generator: torch.Generator | None, record_to: Rollout | None = None) -> EpisodeRecord:
+    """Play one episode of `env` from `graph` with `policy` (argmax if `greedy`, else sampled).
+
+    With `record_to`, every transition is appended to it (meta-graph, action, log-prob, value,
+    reward, done), for PPO.
+    """
+    t0 = time.perf_counter()
+    env.reset(options={"graph": graph})
+    ret, best, done = 0.0, 1.0, False
+    costs = [env.cost]
+    while not done:
+        meta = env.meta_graph(featurize)
+        with torch.no_grad():
+            dist, value = policy(meta)
+            action = dist.mode() if greedy else dist.sample(generator)
+            logp = dist.log_prob(action)
+        _, reward, terminated, truncated, info = env.step(int(action))
+        done = terminated or truncated
+        ret += reward
+        best = max(best, info["speedup"])
+        costs.append(env.cost)
+        if record_to is not None:
+            record_to.obs.append(meta)
+            record_to.actions.append(int(action))
+            record_to.logp.append(float(logp))
+            record_to.values.append(float(value))
+            record_to.rewards.append(reward)
+            record_to.dones.append(float(done))
+    return EpisodeRecord(env.graph.name, ret, env.step_count, env.speedup, best, list(env.rewrites),
+                         uphill_paid_off(costs), time.perf_counter() - t0)
+
+
+def uphill_paid_off(costs: Sequence[float], rel_tol: float = 1e-9) -> bool:
+    """Whether some step raised the cost and the trajectory later went below the cost before that step."""
+    for t in range(1, len(costs)):
+        if costs[t] > costs[t - 1] * (1 + rel_tol) and min(costs[t:]) < costs[t - 1] * (1 - rel_tol):
+            return True
+    return False
+
+
+class _Worker:
+    """One worker's envs (one per graph, reused), policy copy and feature cache."""
+
+    def __init__(self, spec: CollectorSpec, index: int) -> None:
+        from xrl.cost import get_cost_model
+        from xrl.env import GraphRewriteEnv, resolve_graph
+
+        self.spec = spec
+        self.index = index
+        self.cost = get_cost_model(spec.cost, device=spec.device)
+        self.graphs = {name: resolve_graph(name) for name in spec.graphs}
+        self.env = GraphRewriteEnv(next(iter(self.graphs.values())), self.cost, **dict(spec.env))
+        self.policy = GraphPolicy(spec.policy)
+        self.featurize = FeatureCache(spec.cache_size)
+
+    def _load(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self.policy.load_state_dict(weights)
+        self.policy.eval()
+
+    def _graph(self, name: str) -> Any:
+        if name not in self.graphs:
+            from xrl.env import resolve_graph
+
+            self.graphs[name] = resolve_graph(name)
+        return self.graphs[name]
+
+    def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
+        self._load(weights)
+        seq = np.random.SeedSequence([self.spec.seed, update, self.index])
+        rng = np.random.default_rng(seq)
+        gen = torch.Generator().manual_seed(int(seq.generate_state(1)[0]))
+        out = Rollout()
+        names = list(self.spec.graphs)
+        for _ in range(self.spec.episodes_per_worker):
+            name = names[int(rng.integers(len(names)))]
+            rec = play_episode(self.env, self.policy, self.featurize, self._graph(name), greedy=False,
+                               generator=gen, record_to=out)
+            out.episodes.append(rec)
+        return out
+
+    def evaluate(self, weights: Mapping[str, torch.Tensor], names: Sequence[str]) -> list[EpisodeRecord]:
+        self._load(weights)
+        return [play_episode(self.env, self.policy, self.featurize, self._graph(n), greedy=True, generator=None)
+                for n in names]
+
+
+class RolloutCollector(ABC):
+    @abstractmethod
+    def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
+        """The experience of update `update`, played with policy `weights`."""
+
+    @abstractmethod
+    def evaluate(self, weights: Mapping[str, torch.Tensor], graphs: Sequence[str]) -> list[EpisodeRecord]:
+        """One greedy episode per graph, in the order given."""
+
+    def close(self) -> None:  # noqa: B027 - optional: only collectors with workers release anything
+        """Release workers."""
+
+    def __enter__(self) -> RolloutCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalCollector(RolloutCollector):
+    """Plays in this process: `workers` logical workers, one after the other (same seeds as ProcessCollector)."""
+
+    def __init__(self, spec: CollectorSpec, workers: int = 1) -> None:
+        self.workers = [_Worker(spec, i) for i in range(max(workers, 1))]
+
+    def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
+        t0 = time.perf_counter()
+        out = Rollout()
+        for w in self.workers:
+            out.extend(w.collect(weights, update))
+        out.collect_s = time.perf_counter() - t0
+        return out
+
+    def evaluate(self, weights: Mapping[str, torch.Tensor], graphs: Sequence[str]) -> list[EpisodeRecord]:
+        return self.workers[0].evaluate(weights, graphs)
+
+
+def _error_reply(e: Exception) -> bytes:
+    """A worker's exception for the parent: a user error travels as itself, anything else as text."""
+    from xrl.errors import XrlError
+
+    return pickle.dumps(("error", e if isinstance(e, XrlError) else f"{type(e).__name__}: {e}"))
+
+
+def _worker_main(spec: CollectorSpec, index: int, conn: Any) -> None:
+    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    try:
+        worker = _Worker(spec, index)
+    except Exception as e:
+        conn.send_bytes(_error_reply(e))
+        conn.close()
+        return
+    conn.send_bytes(pickle.dumps(("ok", None)))
+    while True:
+        msg = pickle.loads(conn.recv_bytes())
+        if msg[0] == "close":
+            break
+        try:
+            result = getattr(worker, msg[0])(*msg[1:])
+            # Plain pickle (tensor bytes copied), not torch's shared-memory reductions: a rollout holds
+            # thousands of small tensors, and one shared segment (a file descriptor) per tensor runs out.
+            conn.send_bytes(pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as e:  # report, keep serving: the parent raises it
+            conn.send_bytes(_error_reply(e))
+    conn.close()
+
+
+class WorkerError(RuntimeError):
+    """A rollout worker failed; the message carries its exception."""
+
+
+class ProcessCollector(RolloutCollector):
+    """`workers` spawned processes, each playing `spec.episodes_per_worker` episodes per update."""
+
+    def __init__(self, spec: CollectorSpec, workers: int = 2) -> None:
+        ctx = mp.get_context("spawn")  # no fork after torch has started its thread pools
+        self.conns = []
+        self.procs = []
+        for i in range(workers):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(spec, i, child), daemon=True, name=f"xrl-rollout-{i}")
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        try:
+            self._replies(len(self.conns))  # each worker built its envs, or says why it could not
+        except BaseException:
+            self.close()
+            raise
+
+    def _replies(self, n: int) -> list[Any]:
+        results = []
+        for conn in self.conns[:n]:
+            try:
+                status, value = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                raise WorkerError("a rollout worker died (out of memory?)") from None
+            if status != "ok":
+                if isinstance(value, Exception):
+                    raise value
+                raise WorkerError(f"a rollout worker failed: {value}")
+            results.append(value)
+        return results
+
+    def _call(self, calls: Sequence[tuple]) -> list[Any]:
+        for conn, call in zip(self.conns, calls):
+            conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+        return self._replies(len(calls))
+
+    def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
+        t0 = time.perf_counter()
+        weights = {k: v.detach().cpu() for k, v in weights.items()}
+        out = Rollout()
+        for part in self._call([("collect", weights, update)] * len(self.conns)):
+            out.extend(part)
+        out.collect_s = time.perf_counter() - t0
+        return out
+
+    def evaluate(self, weights: Mapping[str, torch.Tensor], graphs: Sequence[str]) -> list[EpisodeRecord]:
+        weights = {k: v.detach().cpu() for k, v in weights.items()}
+        shards = [list(graphs[i:: len(self.conns)]) for i in range(len(self.conns))]
+        calls = [("evaluate", weights, s) for s in shards if s]
+        parts = self._call(calls)
+        by_name: dict[int, EpisodeRecord] = {}
+        for i, part in enumerate(parts):
+            for j, rec in enumerate(part):
+                by_name[i + j * len(self.conns)] = rec
+        return [by_name[k] for k in range(len(graphs))]
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(("close",)))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        self.conns, self.procs = [], []
+
+
+def make_collector(spec: CollectorSpec, workers: int) -> RolloutCollector:
+    """`workers` processes, or this process alone for workers <= 0."""
+    return ProcessCollector(spec, workers) if workers > 0 else LocalCollector(spec, 1)

@@ -1,0 +1,228 @@
+"""The training loop: collect whole episodes, update with PPO, log, checkpoint; resumable exactly.
+
+    for update in range(updates):
+        rollout = collector.collect(policy weights, update)     episodes on the training graphs
+        stats   = ppo_update(policy, optimizer, rollout)         clipped PPO + GAE
+        every eval_every updates: one greedy episode per graph   (train and held-out)
+        log metrics; every checkpoint_every updates: checkpoint  (atomic; last.pt and best.pt)
+
+`cfg` is the Hydra config of `conf/train.yaml` (or any mapping with the same keys); `train` knows
+nothing of Hydra itself, so tests and scripts call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xrl.errors import ConfigError
+from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
+from xrl.nn.encoders import EncoderConfig
+from xrl.nn.policy import GraphPolicy, PolicyConfig
+from xrl.rl.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from xrl.rl.loggers import make_logger, plot_learning_curves
+from xrl.rl.ppo import PPOConfig, ppo_update
+from xrl.rl.rollout import CollectorSpec, EpisodeRecord, make_collector
+
+
+@dataclass
+class TrainSummary:
+    out_dir: Path
+    updates: int
+    env_steps: int
+    time_s: float
+    last_checkpoint: Path
+    best_checkpoint: Path | None
+    history: list[dict[str, float]] = field(default_factory=list)
+    curves: Path | None = None
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    """A Hydra/OmegaConf config, or a mapping, as plain resolved dicts."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        pass
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in dict(cfg).items()}
+
+
+def _take(cls: type, section: Mapping[str, Any], what: str, ignore: Sequence[str] = ()) -> Any:
+    """Build dataclass `cls` from a config section, naming any key it does not know."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(section) - names - set(ignore))
+    if unknown:
+        raise ConfigError(f"{what} has no setting {', '.join(map(repr, unknown))}; "
+                          f"its settings: {', '.join(sorted(names))}")
+    defaults = {f.name: f.default for f in fields(cls)}
+    return cls(**{k: _typed(f"{what}.{k}", v, defaults[k]) for k, v in section.items() if k in names})
+
+
+def _typed(key: str, value: Any, default: Any) -> Any:
+    """`value` as the type of the setting's default (int, float, bool); ConfigError if it is not one."""
+    if value is None or default is None or isinstance(default, str):
+        return value
+    kind = type(default)
+    ok = isinstance(value, bool) if kind is bool else isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or (kind is int and value != int(value)):
+        raise ConfigError(f"{key} must be {'true or false' if kind is bool else f'a number ({kind.__name__})'}, "
+                          f"not {value!r}")
+    return kind(value)
+
+
+def policy_config(model: Mapping[str, Any]) -> PolicyConfig:
+    model = dict(model)
+    use_hints = bool(model.pop("use_hints", True))
+    return PolicyConfig(NODE_DIM, EDGE_DIM, GLOBAL_DIM, _take(EncoderConfig, model, "model"), use_hints=use_hints)
+
+
+def env_kwargs(env: Mapping[str, Any]) -> dict[str, Any]:
+    """GraphRewriteEnv keyword arguments from the `env` config section, type-checked."""
+    defaults = {"horizon": 50, "reward": "dense", "reward_every": 1, "shaping": "none", "gamma": 0.99,
+                "max_candidates": 0}
+    unknown = sorted(set(env) - set(defaults))
+    if unknown:
+        raise ConfigError(f"env has no setting {', '.join(map(repr, unknown))}; its settings: {', '.join(defaults)}")
+    return {k: _typed(f"env.{k}", v, defaults[k]) for k, v in env.items()}
+
+
+def _geomean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def _episode_metrics(episodes: Sequence[EpisodeRecord]) -> dict[str, float]:
+    m: dict[str, float] = {
+        "episodes": float(len(episodes)),
+        "episode_return": float(np.mean([e.ret for e in episodes])),
+        "episode_length": float(np.mean([e.length for e in episodes])),
+        "speedup_mean": _geomean([e.speedup for e in episodes]),
+        "best_speedup_mean": _geomean([e.best_speedup for e in episodes]),
+    }
+    for name in sorted({e.graph for e in episodes}):
+        m[f"speedup/{name}"] = float(np.mean([e.speedup for e in episodes if e.graph == name]))
+    return m
+
+
+def _eval_metrics(records: Sequence[EpisodeRecord], train_graphs: Sequence[str]) -> dict[str, float]:
+    m = {f"eval_speedup/{r.graph}": r.speedup for r in records}
+    train = [r.speedup for r in records if r.graph in train_graphs]
+    held = [r.speedup for r in records if r.graph not in train_graphs]
+    m["eval_speedup_mean"] = _geomean(train)
+    if held:
+        m["eval_heldout_speedup_mean"] = _geomean(held)
+    return m
+
+
+def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
+    """Train a policy as `cfg` says (see conf/train.yaml), writing checkpoints and logs under `out_dir`."""
+    c = json.loads(json.dumps(_plain(cfg), default=str))  # plain values only: checkpoints load weights_only
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = _typed("seed", c.get("seed", 0), 0)
+    updates = _typed("updates", c["updates"], 0)
+    ppo = _take(PPOConfig, c["algo"], "algo", ignore=("name",))
+    pcfg = policy_config(c["model"])
+    train_graphs = tuple(c["graphs"]["train"])
+    eval_graphs = tuple(c["graphs"].get("eval") or ())
+    if not train_graphs:
+        raise ConfigError("graphs.train is empty: name at least one built-in graph to train on")
+    cost = c.get("cost", {})
+    spec = CollectorSpec(graphs=train_graphs, policy=pcfg, env=env_kwargs(c.get("env", {})),
+                         cost=cost.get("name", "analytic"), device=cost.get("device", "h100"),
+                         episodes_per_worker=_typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0),
+                         seed=seed, cache_size=_typed("cache_size", c.get("cache_size", 4096), 0))
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    ppo_rng = np.random.default_rng(seed)
+    policy = GraphPolicy(pcfg)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=ppo.lr, eps=1e-5)
+    start, env_steps, history, wandb_id = 0, 0, [], None
+    best_score = -math.inf
+    resume = c.get("resume")
+    if resume:
+        ckpt = load_checkpoint(resume)
+        if "optimizer" not in ckpt or "rng" not in ckpt:
+            raise CheckpointError(f"{resume} holds a policy only (no optimizer or RNG state); it cannot be resumed")
+        if PolicyConfig.from_dict(ckpt["policy_config"]) != pcfg:
+            raise ConfigError(f"{resume} was trained with a different model config; resume with the same model")
+        policy.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        restore_rng(ckpt["rng"], ppo_rng)
+        start, env_steps = int(ckpt["update"]), int(ckpt["env_steps"])
+        history = list(ckpt.get("history", []))
+        wandb_id = ckpt.get("metadata", {}).get("wandb_id")
+        best_score = float(ckpt.get("metadata", {}).get("best_score", -math.inf))
+    if start >= updates:
+        raise ConfigError(f"the run already has {start} updates; raise `updates` above {start} to train further")
+
+    log_cfg = c.get("logger", {}) or {}
+    logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
+                         mode=log_cfg.get("mode", "offline"), name=log_cfg.get("name"), config=c,
+                         append=bool(resume), wandb_id=wandb_id)
+    run_id = next((lg.run_id for lg in logger.loggers if hasattr(lg, "run_id")), None)
+
+    eval_every = _typed("eval_every", c.get("eval_every", 0), 0)
+    ckpt_every = _typed("checkpoint_every", c.get("checkpoint_every", 0), 0)
+    last_path, best_path = out / "last.pt", None
+    t_start = time.perf_counter()
+
+    def checkpoint(path: Path, update: int) -> Path:
+        return save_checkpoint(path, policy, optimizer=optimizer, update=update, env_steps=env_steps,
+                               rng=rng_state(ppo_rng), config=c, history=history,
+                               metadata={"wandb_id": run_id, "best_score": best_score,
+                                         "train_graphs": list(train_graphs), "eval_graphs": list(eval_graphs)})
+
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, updates), initial=start, total=updates, desc="train", unit="update",
+               disable=not c.get("progress", True), dynamic_ncols=True)
+    collector = make_collector(spec, _typed("workers", c.get("workers", 2), 0))
+    try:
+        for update in bar:
+            if ppo.anneal_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = ppo.lr * (1.0 - update / updates)
+            rollout = collector.collect(policy.state_dict(), update)
+            t_upd = time.perf_counter()
+            stats = ppo_update(policy, optimizer, rollout.to_batch(), ppo, ppo_rng)
+            env_steps += len(rollout)
+            metrics = {**_episode_metrics(rollout.episodes), **stats, "env_steps": float(env_steps),
+                       "states": float(len(rollout)), "steps_per_s": len(rollout) / max(rollout.collect_s, 1e-9),
+                       "collect_s": rollout.collect_s, "update_s": time.perf_counter() - t_upd,
+                       "lr": optimizer.param_groups[0]["lr"]}
+            done = update + 1
+            evaluated = (eval_every and done % eval_every == 0) or done == updates
+            if evaluated:
+                records = collector.evaluate(policy.state_dict(), list(dict.fromkeys(train_graphs + eval_graphs)))
+                metrics.update(_eval_metrics(records, train_graphs))
+            metrics["time_s"] = time.perf_counter() - t_start
+            history.append({"update": done, **metrics})
+            logger.log(metrics, done)
+            if evaluated and metrics["eval_speedup_mean"] >= best_score:  # ties: the later, longer-trained policy
+                best_score = metrics["eval_speedup_mean"]
+                best_path = checkpoint(out / "best.pt", done)
+            bar.set_postfix(speedup=f"{metrics['speedup_mean']:.3f}", ret=f"{metrics['episode_return']:.2f}")
+            if (ckpt_every and done % ckpt_every == 0) or done == updates:
+                checkpoint(last_path, done)
+    finally:
+        collector.close()
+        logger.close()
+        bar.close()
+    curves = plot_learning_curves(history, out / "learning_curves.png")
+    if best_path is None and (out / "best.pt").exists():
+        best_path = out / "best.pt"
+    return TrainSummary(out, updates, env_steps, time.perf_counter() - t_start, last_path, best_path, history, curves)

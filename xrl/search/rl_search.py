@@ -1,0 +1,63 @@
+"""`--search rl`: optimise a graph with a trained policy (the shipped one unless told otherwise).
+
+The policy plays greedily (argmax) from the input graph for at most `steps` rewrites (default 50,
+X-RLflow's horizon); `samples=k` adds k sampled rollouts, and the cheapest graph any rollout
+passed through is returned. Each step offers the policy the candidate set it was trained on: at
+most the training run's `env.max_candidates` rewrites (the cheapest by estimate), unless
+`max_candidates` says otherwise (0: all of them). Unlike the other searches this one reads a checkpoint, so it is the
+one search module that imports `xrl.rl`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from xrl.cost.base import CostModel
+from xrl.errors import ConfigError
+from xrl.ir import Graph
+from xrl.search.result import SearchResult
+
+DEFAULT_HORIZON = 50
+
+
+def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None = None, steps: int | None = None,
+              samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
+              engine: Any = None):
+    """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
+    from xrl.rl.checkpoint import default_policy_path, load_policy
+    from xrl.rl.evaluate import optimize_with_policy
+
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
+    if samples < 0:
+        raise ConfigError(f"samples must be 0 or more, not {samples}")
+    path = Path(policy) if policy is not None else default_policy_path()
+    net, ckpt = load_policy(path)
+    return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=steps or DEFAULT_HORIZON,
+                                samples=samples, seed=seed, max_candidates=candidate_cap(ckpt, max_candidates),
+                                time_limit=time_limit)
+
+
+def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
+    """The cap on candidates per step: `requested` (0: none), else the one the policy was trained with."""
+    if requested is not None:
+        if requested < 0:
+            raise ConfigError(f"max_candidates must be 0 (no cap) or more, not {requested}")
+        return requested or None
+    return (ckpt.get("config", {}).get("env") or {}).get("max_candidates")
+
+
+def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
+           **options: Any) -> SearchResult:
+    """The `xrl.api` search runner: options `policy` (a checkpoint path) and `samples` (extra sampled rollouts)."""
+    unknown = sorted(set(options) - {"policy", "samples", "max_candidates"})
+    if unknown:
+        raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: policy, samples, "
+                          "max_candidates")
+    run = rl_search(graph, cost, policy=options.get("policy"), steps=steps, samples=int(options.get("samples", 0)),
+                    seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"))
+    return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
+                        explored=run.env_steps, time_s=run.time_s, method="rl", details={
+                            "policy": str(options.get("policy") or "default"), "rollouts": run.rollouts,
+                            "env_steps": run.env_steps, "uphill_paid_off": run.uphill_paid_off})
