@@ -166,10 +166,31 @@ def test_render_and_bad_settings(mlp, engine):
     text = env.render()
     assert "step 1/50" in text and "x)" in text and "last " in text
     for bad in (dict(horizon=0), dict(max_candidates=0), dict(reward="often"), dict(shaping="cost"),
-                dict(reward="sparse", reward_every=0), dict(render_mode="rgb_array")):
+                dict(reward="sparse", reward_every=0), dict(render_mode="video")):
         with pytest.raises(ConfigError):
             _env(mlp, engine, **bad)
 
 
 def test_importing_registers_the_env():
     assert xrl.env.ENV_ID in gym.registry
+
+
+def test_render_draws_the_rewritten_region(tmp_path):
+    import gymnasium
+    from xrl.graphs import build
+
+    import xrl.env  # noqa: F401  (registers the environment)
+    from xrl.env.render import region
+    from xrl.frontends.onnx_io import from_onnx
+
+    env = gymnasium.make("xrl/GraphRewrite-v0", graph=from_onnx(build("tiny_cnn")), render_mode="rgb_array").unwrapped
+    env.reset(seed=0)
+    env.step(1)
+    assert env.last_added, "a rewrite was applied"
+    core, around = region(env.graph, env.last_added)
+    assert core == set(env.last_added) and around and not core & around
+    image = env.render()
+    assert image.ndim == 3 and image.shape[2] == 3 and image.dtype.name == "uint8"
+    assert (image != 255).any(), "the picture is not blank"
+    png = env.save_region(tmp_path / "region.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

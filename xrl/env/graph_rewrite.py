@@ -91,7 +91,7 @@ def resolve_cost(cost: CostModel | str) -> CostModel:
 
 
 class GraphRewriteEnv(gym.Env):
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 4}
 
     def __init__(self, graph: Graph | str, cost: CostModel | str = "analytic", *, engine: Any = None,
                  horizon: int = 50, reward: str = "dense", reward_every: int = 1, shaping: str = "none",
@@ -101,7 +101,7 @@ class GraphRewriteEnv(gym.Env):
         if max_candidates is not None and max_candidates < 1:
             raise ConfigError(f"max_candidates must be at least 1 (or None for no cap), not {max_candidates}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"unknown render mode {render_mode!r}; choose one of: ansi, human")
+            raise ConfigError(f"unknown render mode {render_mode!r}; choose one of: ansi, human, rgb_array")
         if engine is None:
             from xrl.rewrite import RewriteEngine
 
@@ -132,6 +132,7 @@ class GraphRewriteEnv(gym.Env):
         self.graph = graph
         self.step_count = 0
         self.last_rewrite: str | None = None
+        self.last_added: tuple[str, ...] = ()  # node names the last rewrite added: the region render() draws
         self.rewrites: list[str] = []
         self.cost0 = self.cost_model.cost(graph)
         if not self.cost0 > 0:
@@ -244,6 +245,7 @@ class GraphRewriteEnv(gym.Env):
                 self.cost = self.cost_model.delta_cost(prev_graph, self.cost, cand.graph, cand.removed, cand.added)
             self.graph = cand.graph
             self.last_rewrite = f"{rule_name(cand)}@{','.join(cand.location)}"
+            self.last_added = tuple(n.name for n in cand.added)
             self.rewrites.append(rule_name(cand))
         self.step_count += 1
         if not stop:
@@ -269,9 +271,20 @@ class GraphRewriteEnv(gym.Env):
         return (f"{self.graph.name} step {self.step_count}/{self.horizon}: cost {self.cost * 1e3:.4f} ms "
                 f"({self.speedup:.3f}x), {len(self.graph)} ops, {len(self.candidates)} candidates, last {last}")
 
-    def render(self) -> str | None:
+    def render(self):
+        """ansi: the text summary; human: print it; rgb_array: a picture of the last rewrite's region."""
         if self.render_mode == "ansi":
             return self.render_text()
         if self.render_mode == "human":
             print(self.render_text())
+        if self.render_mode == "rgb_array":
+            from xrl.env.render import draw_region
+
+            return draw_region(self.graph, self.last_added, title=self.render_text())
         return None
+
+    def save_region(self, path):
+        """Write a PNG of the region the last rewrite changed (added nodes and their neighbours)."""
+        from xrl.env.render import save_region
+
+        return save_region(self.graph, self.last_added, path, title=self.render_text())
