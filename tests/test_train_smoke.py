@@ -124,3 +124,14 @@ def test_uphill_paid_off():
     assert uphill_paid_off([10.0, 11.0, 9.0])  # up, then below where it started the climb
     assert not uphill_paid_off([10.0, 11.0, 10.5])  # up and never back below 10
     assert not uphill_paid_off([10.0, 9.0, 8.0])  # never up
+
+
+def test_xrl_train_with_measured_op_rewards(tmp_path, capsys, monkeypatch):
+    # cost=op: rewards from per-operator CPU timings, cached in an sqlite file that the run fills.
+    monkeypatch.setenv("XRL_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(["train", *FAST, "cost=op", "updates=1", "workers=0", "env.horizon=3",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "trained 1 updates" in out
+    assert (tmp_path / "cache" / "op_costs.sqlite").stat().st_size > 0
