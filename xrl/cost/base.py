@@ -78,3 +78,34 @@ class CostModel(ABC):
 
     def describe(self) -> str:
         return self.name
+
+
+class WholeGraphCostModel(CostModel):
+    """A backend that times whole graphs: no per-op cost, and `delta_cost` re-measures the new graph.
+
+    Measurements are kept per process by the graph's canonical hash (`self.cache`): searches revisit
+    graphs, and a graph's run time does not change between visits.
+    """
+
+    per_op = False
+    cache: bool = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._measured: dict[str, Measurement] = {}
+
+    @abstractmethod
+    def _time(self, graph: Graph) -> Measurement:
+        """Time `graph` (uncached)."""
+
+    def cost(self, graph: Graph) -> float:
+        return self.measure(graph).median_s
+
+    def measure(self, graph: Graph) -> Measurement:
+        if not self.cache:
+            return self._time(graph)
+        key = graph.canonical_hash
+        m = self._measured.get(key)
+        if m is None:
+            m = self._measured[key] = self._time(graph)
+        return m

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from xrl.cost.base import CostModel, Measurement
+from xrl.cost.base import CostModel, Measurement, WholeGraphCostModel
 from xrl.cost.timing import check_counts
 from xrl.cost.torch_exec import (
     TIMERS,
@@ -40,11 +40,10 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "ort", "torch")
 
 
-class E2ECostModel(CostModel):
+class E2ECostModel(WholeGraphCostModel):
     """Median wall (CPU) or GPU time of one run of the whole graph, in seconds."""
 
     name = "e2e"
-    per_op = False
 
     def __init__(self, *, device: str | None = None, engine: str = "auto", warmup: int = 3, repeats: int = 10,
                  threads: int | None = 1, seed: int = 0, dtype: str = "float32", timer: str = "auto",
@@ -71,7 +70,6 @@ class E2ECostModel(CostModel):
         self._torch_dtype = torch_dtype(dtype)
         self.timer, self.cuda_graph, self.flush_l2, self.cache = timer, cuda_graph, flush_l2, cache
         self._ort: CostModel | None = None
-        self._measured: dict[str, Measurement] = {}
         if self.engine == "ort":
             self._ort_model()  # fail now, not at the first measurement, if onnxruntime lacks the device
 
@@ -84,18 +82,6 @@ class E2ECostModel(CostModel):
         return self._ort
 
     # ----- the CostModel interface --------------------------------------------------------------
-    def cost(self, graph: Graph) -> float:
-        return self.measure(graph).median_s
-
-    def measure(self, graph: Graph) -> Measurement:
-        if not self.cache:
-            return self._time(graph)
-        key = graph.canonical_hash
-        m = self._measured.get(key)
-        if m is None:
-            m = self._measured[key] = self._time(graph)
-        return m
-
     def _op_cost(self, node: Node, graph: Graph) -> float:
         raise ConfigError(f"the {self.name!r} cost model times whole graphs and has no per-op cost; use the 'op' "
                           f"cost model for per-op timings")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xrl.cost.analytic import AnalyticCostModel
-from xrl.cost.base import CostModel, Measurement
+from xrl.cost.base import Measurement, WholeGraphCostModel
 from xrl.cost.devices import DEVICE_PROFILES
 from xrl.cost.timing import check_counts, time_callable
 from xrl.errors import ConfigError, XrlError
@@ -53,11 +53,10 @@ class OrtOptions:
     cache: bool = True
 
 
-class OrtCostModel(CostModel):
+class OrtCostModel(WholeGraphCostModel):
     """Median wall time of `onnxruntime.InferenceSession.run` on the exported graph, in seconds."""
 
     name = "ort"
-    per_op = False
 
     def __init__(self, *, device: str | None = None, warmup: int = 3, repeats: int = 10, threads: int | None = None,
                  seed: int = 0, graph_optimization_level: str = "all", opset: int | None = None,
@@ -71,23 +70,11 @@ class OrtCostModel(CostModel):
                               f"choose one of: {', '.join(OPT_LEVELS)}")
         self.options = OrtOptions(_ort_device(device), warmup, repeats, threads, seed, graph_optimization_level, opset,
                                   cache)
+        self.cache = cache
         self.providers = _providers(self.options.device)
-        self._measured: dict[str, Measurement] = {}
         self._split_model = AnalyticCostModel(device="cpu" if self.providers[0] == "CPUExecutionProvider" else "h100")
 
     # ----- the CostModel interface --------------------------------------------------------------
-    def cost(self, graph: Graph) -> float:
-        return self.measure(graph).median_s
-
-    def measure(self, graph: Graph) -> Measurement:
-        if not self.options.cache:
-            return self._time(graph)
-        key = graph.canonical_hash
-        m = self._measured.get(key)
-        if m is None:
-            m = self._measured[key] = self._time(graph)
-        return m
-
     def _op_cost(self, node: Node, graph: Graph) -> float:
         raise ConfigError("the 'ort' cost model times whole graphs and has no per-op cost; use op_costs(graph) "
                           "for a split of the measured time, or a per-op backend such as 'analytic'")
