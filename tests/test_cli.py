@@ -167,3 +167,12 @@ def test_graphs_export(capsys, tmp_path):
     code, _, err = run(capsys, "graphs", "export", "tiny_cnn", "-o", str(out))
     assert code == 0, err
     onnx.checker.check_model(onnx.load(out), full_check=True)
+
+
+def test_rl_sampling_option(capsys):
+    code, out, err = run(capsys, "optimize", "mlp", "--search", "rl", "--samples", "2", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["verified"] and res["details"]["rollouts"] == 3 and res["speedup"] >= 1.0
+    code, _, err = run(capsys, "optimize", "mlp", "--search", "greedy", "--samples", "2")
+    assert_user_error(code, err, "--search rl")

@@ -74,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, help="seconds the search may take")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", help="policy checkpoint for --search rl (default: the shipped policy)")
+    p.add_argument("--samples", type=int, default=0, metavar="K",
+                   help="--search rl: also play K sampled rollouts and keep the best graph (default 0: argmax only)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_optimize)
@@ -173,7 +175,15 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     loaded = load(args)
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
-    options = {"policy": args.policy} if args.policy else {}
+    options: dict = {}
+    if args.policy or args.samples:
+        if args.search != "rl":
+            from xrl.errors import ConfigError
+
+            raise ConfigError("--policy and --samples apply to --search rl only")
+        options = {"policy": args.policy} if args.policy else {}
+        if args.samples:
+            options["samples"] = args.samples
     res = optimize(loaded, output=args.output, search=args.search, cost=args.cost, device=args.device,
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
                    search_options=options)
