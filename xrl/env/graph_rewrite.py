@@ -53,21 +53,13 @@ def rule_name(candidate: Any) -> str:
 
 
 def feature_graph(candidate: Any) -> Graph:
-    """A candidate's rewritten graph for featurising: its structure and types, with any new weights
-    (concatenated, folded) as zero-stride placeholders instead of computed arrays. Featurising reads
-    shapes only, and computing every candidate's weights costs more than featurising it; only the
-    candidate an agent picks is built for real (`candidate.graph`). Never run or export this graph.
-    """
-    if "graph" in getattr(candidate, "__dict__", {}) or not hasattr(candidate, "parent"):
+    """A candidate's rewritten graph for featurising: its built graph if it has one, else the engine's
+    `skeleton` (structure and types, new weights as placeholders). Featurising reads shapes only, and
+    computing every candidate's weights costs more than featurising it; only the candidate an agent
+    picks is built for real (`candidate.graph`)."""
+    if "graph" in getattr(candidate, "__dict__", {}) or not hasattr(candidate, "skeleton"):
         return candidate.graph  # already built, or an engine without the delta fields
-    placeholders = {}
-    for w in candidate.weights:
-        t = candidate.new_types[w]
-        dtype = t.dtype if t.dtype != "bfloat16" else "float32"  # numpy has no bfloat16; features read the type
-        placeholders[w] = np.broadcast_to(np.zeros((), dtype), t.shape)
-    return candidate.parent.replace(remove=[n.name for n in candidate.removed], add=candidate.added,
-                                    rename=candidate.rename, new_types=candidate.new_types,
-                                    new_weights=placeholders)
+    return candidate.skeleton
 
 
 def resolve_graph(graph: Graph | str) -> Graph:
