@@ -9,7 +9,7 @@ never looks at a MatMul. Each `where` conjunct runs as soon as the variables it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -208,6 +208,32 @@ def _unify(env: dict[str, Any], var: str, value: Any) -> bool:
     return True
 
 
+def bind_attrs(pat: OpNode, values: Mapping[str, Any], raw: Mapping[str, Any], changed: set[str],
+               env: dict[str, Any]) -> bool:
+    """Bind `pat`'s attribute patterns against a node's attributes, extending `env`; False on a mismatch.
+
+    `values` are the attributes with defaults filled in (`attrs.normalized`), `raw` as the node has them,
+    and `changed` the keys whose value differs from the default: a pattern without `**rest` matches only
+    if it names every such key. The rewrite engine's matcher and Tensat's rule guard both use this.
+    """
+    explicit = set()
+    for p in pat.attrs:
+        explicit.add(p.key)
+        got = values.get(p.key)
+        if p.var is None:
+            if not same(got, p.literal):
+                return False
+        elif p.var in env:
+            if not same(env[p.var], got):
+                return False
+        else:
+            env[p.var] = got
+    if pat.rest is not None:
+        env[pat.rest] = {k: v for k, v in raw.items() if k not in explicit}
+        return True
+    return changed <= explicit
+
+
 def _bind(index: GraphIndex, pat: OpNode, node: Node, env: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The extensions of `env` under which `pat` matches `node`."""
     if node.domain not in ("", "ai.onnx") or len(node.outputs) != len(pat.outputs):
@@ -220,21 +246,7 @@ def _bind(index: GraphIndex, pat: OpNode, node: Node, env: dict[str, Any]) -> It
         return
     values, changed = index.attrs(node)
     base = dict(env)
-    explicit = set()
-    for p in pat.attrs:
-        explicit.add(p.key)
-        got = values.get(p.key)
-        if p.var is None:
-            if not same(got, p.literal):
-                return
-        elif p.var in base:
-            if not same(base[p.var], got):
-                return
-        else:
-            base[p.var] = got
-    if pat.rest is not None:
-        base[pat.rest] = {k: v for k, v in node.attrs.items() if k not in explicit}
-    elif not changed <= explicit:
+    if not bind_attrs(pat, values, node.attrs, changed, base):
         return
     for v, out in zip(pat.outputs, node.outputs):
         if not _unify(base, v, out):

@@ -52,9 +52,10 @@ from egglog import Bool, PyObject, Ruleset, String, eq, ne, relation, rule, rule
 from xrl.errors import XrlError
 from xrl.ir import Node, TensorType
 from xrl.ir.ops import infer_types
-from xrl.rewrite.attrs import COMMUTATIVE, emitted, normalized, same
+from xrl.rewrite.attrs import COMMUTATIVE, emitted, normalized
 from xrl.rewrite.expr import EvalError, function_table
 from xrl.rewrite.lang import Alias, Arg, ConstArg, OpNode, Rule
+from xrl.rewrite.match import bind_attrs
 from xrl.search.tensat.analysis import Callback, ClassInfo, Context, parse_info
 from xrl.search.tensat.language import Args, Tensor, args, info
 
@@ -336,21 +337,7 @@ class _Planner:
             raise _Reject
         in_types = [values.types[a.var] for a in p.inputs if isinstance(a, Arg) and env.get(a.var) is not None]
         normal, changed = normalized(p.op, raw, in_types)
-        explicit = set()
-        for pat in p.attrs:
-            explicit.add(pat.key)
-            got = normal.get(pat.key)
-            if pat.var is None:
-                if not same(got, pat.literal):
-                    raise _Reject
-            elif pat.var in env:
-                if not same(env[pat.var], got):
-                    raise _Reject
-            else:
-                env[pat.var] = got
-        if p.rest is not None:
-            env[p.rest] = {k: val for k, val in raw.items() if k not in explicit}
-        elif not changed <= explicit:
+        if not bind_attrs(p, normal, raw, changed, env):
             raise _Reject
 
     def _dry_run(self, v: _Variant, env: dict[str, Any], values: _MatchValues, functions: dict) -> list[str]:
