@@ -9,28 +9,16 @@ import time
 import numpy as np
 import pytest
 import torch
+from graph_helpers import build
 from torch_geometric.data import Batch
 
 from xrl.features import DTYPE_VOCAB, EDGE_DIM, GLOBAL_DIM, KIND_VOCAB, NODE_DIM, OP_VOCAB, featurize
 from xrl.ir import Graph, Node, TensorType
-from xrl.ir.ops import OPS, infer_types, is_known
+from xrl.ir.ops import OPS
 from xrl.ir.types import DTYPE_SIZES
 
 # The module itself: `xrl.features.featurize` the attribute is the function.
 featurize_module = importlib.import_module("xrl.features.featurize")
-
-
-def build(inputs: dict[str, tuple[int, ...]], weights: dict[str, np.ndarray], nodes: list[Node],
-          outputs: list[str], extra_types: dict[str, TensorType] | None = None) -> Graph:
-    """A validated graph from nodes in topological order; types inferred (opaque ops take `extra_types`)."""
-    types = {k: TensorType(s) for k, s in inputs.items()}
-    types.update({k: TensorType.of(w) for k, w in weights.items()})
-    types.update(extra_types or {})
-    for n in nodes:
-        if is_known(n.op, n.domain):
-            outs = infer_types(n, [types[v] if v else None for v in n.inputs], [weights.get(v) for v in n.inputs])
-            types.update(zip(n.outputs, outs))
-    return Graph(nodes, list(inputs), outputs, types, weights).validate()
 
 
 def const(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
