@@ -24,9 +24,9 @@ from pathlib import Path
 from xrl.cost.base import CostModel, Measurement, WholeGraphCostModel
 from xrl.cost.timing import check_counts
 from xrl.cost.torch_exec import (
-    TIMERS,
     TorchExecutor,
     UnsupportedOpError,
+    check_timer,
     resolve_device,
     time_run,
     torch_dtype,
@@ -58,11 +58,8 @@ class E2ECostModel(WholeGraphCostModel):
         super().__init__()
         if engine not in ENGINES:
             raise ConfigError(f"unknown e2e engine {engine!r}; choose one of: {', '.join(ENGINES)}")
-        check_counts(warmup, repeats, "the 'e2e' cost model")
-        if threads is not None and threads < 1:
-            raise ConfigError(f"the 'e2e' cost model's threads must be >= 1 or unset, got {threads}")
-        if timer not in TIMERS:
-            raise ConfigError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
+        check_counts(warmup, repeats, "the 'e2e' cost model", threads=threads)
+        check_timer(timer)
         self.device = resolve_device(device, self.name)
         self.engine = _pick_engine(engine, self.device)
         self.warmup, self.repeats, self.threads, self.seed = warmup, repeats, threads, seed

@@ -36,8 +36,8 @@ import numpy as np
 
 from xrl.cost.base import CostModel, Measurement
 from xrl.cost.timing import check_counts
-from xrl.cost.torch_exec import TIMERS, TorchExecutor, resolve_device, time_run, torch_dtype, torch_threads
-from xrl.errors import ConfigError, XrlError
+from xrl.cost.torch_exec import TorchExecutor, check_timer, resolve_device, time_run, torch_dtype, torch_threads
+from xrl.errors import XrlError
 from xrl.ir import Graph, Node
 from xrl.ir.ops import is_known, op_kind
 
@@ -207,11 +207,8 @@ class OpMeasuredCostModel(CostModel):
         min_sample_s: on the CPU, one timed sample repeats a fast op until it lasts this long.
         """
         super().__init__()
-        check_counts(warmup, repeats, "the 'op' cost model")
-        if threads is not None and threads < 1:
-            raise ConfigError(f"the 'op' cost model's threads must be >= 1 or unset, got {threads}")
-        if timer not in TIMERS:
-            raise ConfigError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
+        check_counts(warmup, repeats, "the 'op' cost model", threads=threads)
+        check_timer(timer)
         self.device = resolve_device(device, self.name)
         self.warmup, self.repeats, self.seed = warmup, repeats, seed
         self.dtype = dtype

@@ -62,9 +62,7 @@ class OrtCostModel(WholeGraphCostModel):
                  seed: int = 0, graph_optimization_level: str = "all", opset: int | None = None,
                  cache: bool = True) -> None:
         super().__init__()
-        check_counts(warmup, repeats, "the 'ort' cost model")
-        if threads is not None and threads < 1:
-            raise ConfigError(f"ort cost model threads must be >= 1 or unset, got {threads}")
+        check_counts(warmup, repeats, "the 'ort' cost model", threads=threads)
         if graph_optimization_level not in OPT_LEVELS:
             raise ConfigError(f"unknown graph_optimization_level {graph_optimization_level!r}; "
                               f"choose one of: {', '.join(OPT_LEVELS)}")

@@ -32,9 +32,12 @@ def summarize(times_s: Sequence[float]) -> Measurement:
     return Measurement(statistics.median(times_s), len(times_s), cv, min(times_s), max(times_s))
 
 
-def check_counts(warmup: int, repeats: int, who: str) -> None:
+def check_counts(warmup: int, repeats: int, who: str, *, threads: int | None = None) -> None:
+    """Reject timing options no measurement can use (threads None means the engine's default)."""
     if warmup < 0 or repeats < 1:
         raise ConfigError(f"{who} needs warmup >= 0 and repeats >= 1, got warmup={warmup} and repeats={repeats}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"{who}'s threads must be >= 1 or unset, got {threads}")
 
 
 def time_callable(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10,

@@ -43,6 +43,11 @@ MEASURED_DEVICES = ("auto", "cpu", "cuda")
 TIMERS = ("auto", "harness", "events", "wall")
 
 
+def check_timer(timer: str) -> None:
+    if timer not in TIMERS:
+        raise ConfigError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
+
+
 class UnsupportedOpError(XrlError):
     """The graph has an op the PyTorch executor cannot run (an opaque op, or an unsupported variant)."""
 
@@ -679,8 +684,7 @@ def time_run(run: BoundRun, *, warmup: int, repeats: int, timer: str = "auto", f
     else events.
     """
     check_counts(warmup, repeats, "time_run")
-    if timer not in TIMERS:
-        raise ConfigError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
+    check_timer(timer)
     if run.device != "cuda":
         return time_callable(run, warmup=warmup, repeats=repeats, min_run_s=min_run_s)
     import torch
