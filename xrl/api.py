@@ -38,6 +38,7 @@ class OptimizeResult:
     optimized_nodes: int = 0
     steps: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None  # `measure_speedup(...).to_json()` when asked to measure
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +73,21 @@ def get_cost(name: str, device: str | None, **options: Any) -> CostModel:
     return get_cost_model(name, device=device, **options)
 
 
+MEASURE_ENGINES = ("auto", "ort", "torch")
+
+
+def measure_model(engine: str = "auto", device: str | None = None, *, repeats: int = 10, warmup: int = 3,
+                  threads: int | None = 1) -> CostModel:
+    """The end-to-end timer `optimize(measure=...)` uses. `device` is "cpu" or "cuda"; anything else
+    (a device profile of the analytic model, None) means the device this machine has."""
+    from xrl.cost.e2e import E2ECostModel
+
+    if engine not in MEASURE_ENGINES:
+        raise XrlError(f"unknown measurement engine {engine!r}; choose one of {', '.join(MEASURE_ENGINES)}")
+    where = device if device in ("cpu", "cuda") else "auto"
+    return E2ECostModel(device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads, cache=False)
+
+
 def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: int | None,
                time_limit: float | None, options: Mapping[str, Any]) -> SearchOutcome:
     """Dispatch to one search method; each lives in its own module and is imported on demand."""
@@ -91,7 +107,7 @@ def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
     from xrl.search.greedy import greedy_search
 
     res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit)
-    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
+    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored, **res.details})
 
 
 def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
@@ -132,8 +148,14 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
              cost: str = "analytic", device: str | None = None, seed: int = 0, steps: int | None = None,
              time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
              force: bool = False, verify_trials: int = 2, search_options: Mapping[str, Any] | None = None,
-             cost_options: Mapping[str, Any] | None = None) -> OptimizeResult:
-    """Optimise a model and (with `output`) write the verified result as ONNX."""
+             cost_options: Mapping[str, Any] | None = None, measure: str | None = None,
+             measure_options: Mapping[str, Any] | None = None, measure_rounds: int = 5) -> OptimizeResult:
+    """Optimise a model and (with `output`) write the verified result as ONNX.
+
+    With `measure` (an e2e engine: "auto", "ort" or "torch"), the original and the optimised graph
+    are also timed end to end on this machine, in alternating rounds (`xrl.cost.speedup`), and the
+    measured speed-up with its verdict is returned in `measured`. `measure_options` go to
+    `measure_model` (repeats, warmup, threads)."""
     from xrl.frontends.onnx_io import save_onnx, to_onnx
     from xrl.frontends.verify import compare_models
 
@@ -152,6 +174,12 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
     if not check.ok:
         raise VerificationError(f"the optimised graph does not compute what the original computes "
                                 f"({check.detail}); nothing was written. Please report this with the model.")
+    measured = None
+    if measure is not None:
+        from xrl.cost.speedup import measure_speedup
+
+        timer = measure_model(measure, device, **dict(measure_options or {}))
+        measured = measure_speedup(timer, loaded.graph, best, rounds=measure_rounds).to_json()
     if out_path is not None:
         save_onnx(exported, out_path)
     return OptimizeResult(
@@ -159,4 +187,4 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
         rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
         output=str(out_path) if out_path else None, original_nodes=len(loaded.graph), optimized_nodes=len(best),
-        steps=outcome.steps, details=outcome.details)
+        steps=outcome.steps, details=outcome.details, measured=measured)

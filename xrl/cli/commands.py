@@ -76,6 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", help="policy checkpoint for --search rl (default: the shipped policy)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="--search rl: also play K sampled rollouts and keep the best graph (default 0: argmax only)")
+    p.add_argument("--measure", nargs="?", const="auto", choices=("auto", "ort", "torch"), metavar="ENGINE",
+                   help="also time the original and the optimised model end to end on this machine (onnxruntime "
+                        "or torch; default auto: onnxruntime where it runs on the device) and report the measured "
+                        "speed-up and whether it is beyond the noise")
+    p.add_argument("--measure-repeats", type=int, default=10, metavar="N",
+                   help="timed runs per round of --measure (5 alternating rounds; default 10)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_optimize)
@@ -169,6 +175,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_line(m: dict) -> str:
+    """One line for a `MeasuredSpeedup.to_json()`: both medians, the ratio, the verdict, the rounds."""
+    rounds = ", ".join(f"{r:.3f}" for r in m["round_speedups"])
+    return (f"measured under {m['cost_model']}: {human_seconds(m['before_s'])} (CV {m['before_cv']:.1%}) -> "
+            f"{human_seconds(m['after_s'])} (CV {m['after_cv']:.1%}), {m['speedup']:.3f}x "
+            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]: {m['verdict']} (rounds {rounds})")
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from xrl.api import check_output_path, optimize
 
@@ -184,9 +198,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         options = {"policy": args.policy} if args.policy else {}
         if args.samples:
             options["samples"] = args.samples
+    if args.measure_repeats < 1:
+        from xrl.errors import ConfigError
+
+        raise ConfigError(f"--measure-repeats must be at least 1, not {args.measure_repeats}")
     res = optimize(loaded, output=args.output, search=args.search, cost=args.cost, device=args.device,
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
-                   search_options=options)
+                   search_options=options, measure=args.measure,
+                   measure_options={"repeats": args.measure_repeats})
     if args.json:
         print_json(res.to_json())
         return 0
@@ -194,6 +213,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
           f"({res.speedup:.3f}x) under {res.cost_model}; {res.rewrites} rewrites by {res.search} "
           f"in {res.time_s:.2f} s; {res.original_nodes} -> {res.optimized_nodes} ops")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
+    if res.measured:
+        print(measured_line(res.measured))
+        if res.measured["verdict"] == "slower":
+            print(f"xrl: warning: the optimised model ran slower on this machine than the original "
+                  f"({res.measured['speedup']:.3f}x); the '{args.cost}' cost model does not match it here: "
+                  f"search under measured cost (--cost e2e) instead", file=sys.stderr)
     if res.output:
         print(f"wrote {Path(res.output)}")
     return 0

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from xrl.errors import ConfigError
 from xrl.ir import Graph, Node
 
 
@@ -66,6 +67,11 @@ class CostModel(ABC):
         c = self.cost(graph)
         return Measurement(c, 1, 0.0, c, c)
 
+    def remeasure(self, graph: Graph) -> Measurement:
+        """A fresh measurement, never a remembered one. Estimates and cached per-op timings do not
+        change between calls, so by default this is `measure`; whole-graph timers run the graph again."""
+        return self.measure(graph)
+
     def delta_cost(self, old: Graph, old_cost: float, new: Graph,
                    removed: Iterable[Node], added: Iterable[Node]) -> float:
         """Cost of `new`, which is `old` with nodes `removed` replaced by `added`.
@@ -98,8 +104,14 @@ class WholeGraphCostModel(CostModel):
     def _time(self, graph: Graph) -> Measurement:
         """Time `graph` (uncached)."""
 
+    def _op_cost(self, node: Node, graph: Graph) -> float:
+        raise ConfigError(f"the {self.name!r} cost model times whole graphs and has no per-op cost")
+
     def cost(self, graph: Graph) -> float:
         return self.measure(graph).median_s
+
+    def remeasure(self, graph: Graph) -> Measurement:
+        return self._time(graph)
 
     def measure(self, graph: Graph) -> Measurement:
         if not self.cache:

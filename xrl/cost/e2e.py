@@ -163,6 +163,9 @@ class CudaCostModel(CostModel):
     def measure(self, graph: Graph) -> Measurement:
         return self.inner.measure(graph)
 
+    def remeasure(self, graph: Graph) -> Measurement:
+        return self.inner.remeasure(graph)
+
     def delta_cost(self, old: Graph, old_cost: float, new: Graph, removed: Iterable[Node],
                    added: Iterable[Node]) -> float:
         return self.inner.delta_cost(old, old_cost, new, removed, added)

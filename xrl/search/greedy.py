@@ -7,6 +7,11 @@
 Ties go to the first candidate in the engine's (deterministic) order. The cost strictly falls at
 every step, so the search ends. A per-op cost model costs a candidate from the nodes it removes
 and adds, without building its graph; only the chosen candidate's graph is built.
+
+Under a whole-graph measured cost (`per_op` False: onnxruntime, end-to-end timing) the cheapest of
+many noisy timings is biased low (the winner's curse): a step is taken only when fresh, alternating
+timings of the two graphs confirm it beyond their noise (`xrl.cost.speedup`). The best CONFIRM_TRIES
+candidates are tried in order; when none is confirmed, the search stops.
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from __future__ import annotations
 import time
 
 from xrl.cost.base import CostModel
+from xrl.cost.speedup import measure_speedup
 from xrl.ir import Graph
 from xrl.rewrite import RewriteEngine
 from xrl.search.result import SearchResult
 
 # A candidate must beat the current cost by this fraction: float noise in a delta must not count.
 MIN_GAIN = 1e-9
+# Under a measured whole-graph cost: candidates re-timed before giving up, and rounds per re-timing.
+CONFIRM_TRIES = 3
+CONFIRM_ROUNDS = 3
 
 
 def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | None = None, *,
@@ -31,20 +40,31 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     original_cost = cost = cost_model.cost(graph)
     nodes0 = len(graph)
     steps: list[str] = []
-    explored = 0
+    explored = confirmations = 0
     while max_steps is None or len(steps) < max_steps:
         if time_limit is not None and time.perf_counter() - t0 >= time_limit:
             break
-        best, best_cost = None, cost * (1 - MIN_GAIN)
-        for cand in engine.candidates(graph, original_nodes=nodes0):
+        improving = []
+        for i, cand in enumerate(engine.candidates(graph, original_nodes=nodes0)):
             explored += 1
             c = cand.delta_cost(cost_model, cost)
-            if c < best_cost:
-                best, best_cost = cand, c
-        if best is None:
+            if c < cost * (1 - MIN_GAIN):
+                improving.append((c, i, cand))
+        improving.sort(key=lambda t: (t[0], t[1]))  # cheapest first; ties to the engine's order
+        if not cost_model.per_op:  # noisy timings: keep the first improvement that re-timing confirms
+            confirmed = []
+            for c, i, cand in improving[:CONFIRM_TRIES]:
+                confirmations += 1
+                if measure_speedup(cost_model, graph, cand.graph, rounds=CONFIRM_ROUNDS).faster:
+                    confirmed = [(c, i, cand)]
+                    break
+            improving = confirmed
+        if not improving:
             break
+        best_cost, _, best = improving[0]
         graph, cost = best.graph, best_cost
         steps.append(best.step)
     final = cost_model.cost(graph) if steps else original_cost  # exact, free of accumulated rounding
     return SearchResult(graph=graph, cost=final, original_cost=original_cost, steps=steps, explored=explored,
-                        time_s=time.perf_counter() - t0, method="greedy")
+                        time_s=time.perf_counter() - t0, method="greedy",
+                        details={"confirmations": confirmations} if not cost_model.per_op else {})

@@ -1,0 +1,108 @@
+"""Is the rewritten graph really faster? A measured speed-up with its noise, robust to drift.
+
+A cost model's estimate says what a search believes; `measure_speedup` says what the machine does.
+It times the two graphs in alternating rounds (before, after; then after, before; ...), each round a
+fresh measurement (a new session, new buffers) of `warmup + repeats` runs, so that slow drift of the
+machine (frequency, temperature, other tenants) falls on both graphs alike.
+
+Why rounds, and why the verdict is computed from them: on a shared CPU the run time of one graph
+varies more between sessions (memory placement, another tenant arriving) than between runs of one
+session; a test on the runs of a single session calls identical graphs different. Each round gives
+one paired ratio before/after; the verdict is a paired t-test on their logarithms at 95%:
+
+    faster        the mean log-ratio is above zero beyond the t interval of the rounds;
+    slower        below zero beyond it;
+    within noise  otherwise: this machine cannot tell the two apart at this number of rounds.
+
+One round has no between-round spread: its verdict falls back to the runs' own noise
+(`improvement_is_significant`). A deterministic estimate (identical ratios) is judged exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xrl.cost.base import CostModel, Measurement
+from xrl.cost.timing import improvement_is_significant
+from xrl.ir import Graph
+
+VERDICTS = ("faster", "slower", "within noise")
+# Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (more: the normal's 1.96 plus a margin).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t95(dof: int) -> float:
+    return _T95[dof - 1] if dof <= len(_T95) else 2.2
+
+
+@dataclass(frozen=True)
+class MeasuredSpeedup:
+    """`before` / `after` pool the rounds; `round_speedups` are the per-round ratios before/after."""
+
+    cost_model: str
+    before: Measurement
+    after: Measurement
+    round_speedups: tuple[float, ...]
+
+    @property
+    def speedup(self) -> float:
+        """The geometric mean of the rounds' ratios: the centre of `interval`."""
+        return math.exp(statistics.fmean(math.log(r) for r in self.round_speedups))
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95% interval of the speed-up from the rounds' spread (a point for one round or no spread)."""
+        logs = [math.log(r) for r in self.round_speedups]
+        centre = statistics.fmean(logs)
+        if len(logs) < 2:
+            return math.exp(centre), math.exp(centre)
+        half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        return math.exp(centre - half), math.exp(centre + half)
+
+    @property
+    def verdict(self) -> str:
+        if len(self.round_speedups) < 2:
+            if improvement_is_significant(self.before, self.after):
+                return "faster"
+            return "slower" if improvement_is_significant(self.after, self.before) else "within noise"
+        low, high = self.interval
+        return "faster" if low > 1 else "slower" if high < 1 else "within noise"
+
+    @property
+    def faster(self) -> bool:
+        return self.verdict == "faster"
+
+    def to_json(self) -> dict[str, Any]:
+        low, high = self.interval
+        return {"cost_model": self.cost_model, "before_s": self.before.median_s, "after_s": self.after.median_s,
+                "before_cv": self.before.cv, "after_cv": self.after.cv, "repeats": self.before.repeats,
+                "speedup": self.speedup, "interval95": [low, high], "round_speedups": list(self.round_speedups),
+                "verdict": self.verdict}
+
+
+def pool_rounds(rounds: Sequence[Measurement]) -> Measurement:
+    """One Measurement from several of the same graph: the median of the round medians, every run
+    counted in `repeats`, the mean CV, and the extremes."""
+    return Measurement(statistics.median(m.median_s for m in rounds), sum(m.repeats for m in rounds),
+                       statistics.fmean(m.cv for m in rounds), min(m.min_s for m in rounds),
+                       max(m.max_s for m in rounds))
+
+
+def measure_speedup(model: CostModel, before: Graph, after: Graph, *, rounds: int = 5) -> MeasuredSpeedup:
+    """Time `before` and `after` in `rounds` alternating rounds with `model` (fresh runs, never a
+    cached timing) and compare them."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    timed: dict[str, list[Measurement]] = {"before": [], "after": []}
+    graphs = {"before": before, "after": after}
+    for r in range(rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for which in order:
+            timed[which].append(model.remeasure(graphs[which]))
+    ratios = tuple(b.median_s / a.median_s if a.median_s > 0 else float("nan")
+                   for b, a in zip(timed["before"], timed["after"]))
+    return MeasuredSpeedup(model.describe(), pool_rounds(timed["before"]), pool_rounds(timed["after"]), ratios)
