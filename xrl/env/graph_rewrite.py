@@ -156,7 +156,10 @@ class GraphRewriteEnv(gym.Env):
             keep = np.argsort(self._hint_array(cands)[:, 0], kind="stable")[:cap]
             self.candidates = [cands[i] for i in sorted(keep)]
             self._hints = None
-            level = logging.DEBUG if self.graph.name in self._capped_warned else logging.WARNING
+            # A cap someone configured (a training run, a policy's trained cap) is a choice: say it at INFO.
+            # Only the built-in limit on actions, which nobody chose, is worth a warning.
+            first = logging.WARNING if self.max_candidates is None else logging.INFO
+            level = logging.DEBUG if self.graph.name in self._capped_warned else first
             self._capped_warned.add(self.graph.name)
             log.log(level, "%s: %d candidate rewrites, keeping the %d with the lowest estimated cost "
                     "(raise max_candidates to keep more)", self.graph.name, len(cands), cap)
