@@ -116,6 +116,12 @@ CASES = [
     Case("Less", [(2, 3), (3,)]),
     Case("Greater", [(2, 3), (3,)]),
     Case("Dropout", [(2, 3)]),
+    Case("ReduceProd", [(2, 3, 4)], {"axes": (0, 2), "keepdims": 0}),
+    Case("ReduceProd", [np.array([[1, -2, 3], [4, 5, -1]], np.int64)], {"axes": (1,)}, {}, [_i64(1)], opset=18,
+         tag="int64-axes-input"),
+    Case("Not", [np.array([[True, False, True], [False, False, True]])]),
+    Case("And", [np.array([[True, False, True], [False, True, True]]), np.array([True, True, False])]),
+    Case("Or", [np.array([[True, False, True], [False, False, False]]), np.array([[False], [True]])]),
 ]
 
 

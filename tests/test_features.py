@@ -19,6 +19,7 @@ from xrl.ir.types import DTYPE_SIZES
 
 # The module itself: `xrl.features.featurize` the attribute is the function.
 featurize_module = importlib.import_module("xrl.features.featurize")
+OPS_AFTER_VOCAB = featurize_module.OPS_AFTER_VOCAB
 
 
 def const(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
@@ -190,9 +191,21 @@ def test_row_cache_agrees_with_a_fresh_computation_after_a_rewrite() -> None:
 
 
 def test_vocabularies_are_frozen_and_match_the_ir() -> None:
-    # If this fails, an op was added to xrl.ir.ops: add it to OP_VOCAB in sorted place (it changes
-    # NODE_DIM, so trained checkpoints must be retrained).
-    assert OP_VOCAB == (*sorted(OPS), "Input", "Weight", "other")
+    # If this fails, an op was added to xrl.ir.ops: add it to OPS_AFTER_VOCAB (it featurizes as
+    # "other"), or to OP_VOCAB in sorted place, which changes NODE_DIM: trained checkpoints must then
+    # be retrained.
+    named = OP_VOCAB[:-3]
+    assert OP_VOCAB[-3:] == ("Input", "Weight", "other") and named == tuple(sorted(named))
+    assert not set(named) & set(OPS_AFTER_VOCAB)
+    assert set(named) | set(OPS_AFTER_VOCAB) == set(OPS)
+
+
+def test_an_op_newer_than_the_vocabulary_is_other_with_its_kind() -> None:
+    g = build({"a": (2, 3)}, {}, [Node("p", "ReduceProd", ("a",), ("o",), {"axes": (1,), "keepdims": 0})], ["o"])
+    x = featurize(g).x
+    row = x[1]  # the input is node 0
+    assert row[OP_VOCAB.index("other")] == 1 and row[: len(OP_VOCAB)].sum() == 1
+    assert row[len(OP_VOCAB) + KIND_VOCAB.index("reduction")] == 1
     assert set(DTYPE_VOCAB) == set(DTYPE_SIZES)
     assert NODE_DIM == len(OP_VOCAB) + len(KIND_VOCAB) + featurize_module.N_ATTR + 4 + 2 + 1
     assert EDGE_DIM == 6 + 2 + len(DTYPE_VOCAB) + 2

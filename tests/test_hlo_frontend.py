@@ -311,8 +311,9 @@ ENTRY main {
     sums = sorted((n.attrs["axes"], n.attrs["keepdims"]) for n in g.nodes.values() if n.op == "ReduceSum")
     assert sums == [((0, 1), 0), ((1,), 0)]
     assert g.op_histogram()["Add"] == 1  # the init 1 is added once; 0 is dropped
-    (prod,) = [n for n in g.nodes.values() if n.domain == XLA_DOMAIN]  # no ReduceProd in the IR: opaque
-    assert prod.op == "reduce" and g.types[prod.outputs[0]] == TensorType((4,))
+    assert not [n for n in g.nodes.values() if n.domain == XLA_DOMAIN]
+    (prod,) = [n for n in g.nodes.values() if n.op == "ReduceProd"]  # init 1 is neutral: nothing folded in
+    assert prod.attrs == {"axes": (1, 2), "keepdims": 0} and g.types[prod.outputs[0]] == TensorType((4,))
 
 
 def test_mean_and_relu_patterns():

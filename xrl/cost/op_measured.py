@@ -166,7 +166,7 @@ def op_graph(node: Node, graph: Graph) -> Graph:
     acts = [v for v in dict.fromkeys(node.inputs) if v and not graph.is_weight(v)]
     weights = {v: graph.initializers[v] for v in node.inputs if v and graph.is_weight(v)}
     types = {v: graph.type_of(v) for v in (*acts, *weights, *node.outputs)}
-    return Graph([node], acts, node.outputs, types, weights, name=f"op_{node.op}")
+    return Graph([node], acts, node.outputs, types, weights, name=f"op_{node.op}", domain_opsets=graph.domain_opsets)
 
 
 def is_free(node: Node) -> bool:

@@ -467,6 +467,25 @@ class TorchExecutor:
     def _op_ReduceMin(self, node: Node) -> tuple[Callable, list[int]]:
         return self._reduce(node, "amin")
 
+    def _op_ReduceProd(self, node: Node) -> tuple[Callable, list[int]]:
+        rank = self._rank(node)
+        axes = node.attr("axes")
+        if axes is None:
+            axes = self._ints(node, 1)
+        keep = bool(node.attr("keepdims", 1))
+        if not axes:
+            if node.attr("noop_with_empty_axes", 0):
+                return (lambda x: x), [0]
+            axes = list(range(rank))
+        dims = sorted({a % rank for a in axes}, reverse=True)
+
+        def prod(x):  # torch.prod takes one dim at a time: the last first, so the others keep their index
+            for d in dims:
+                x = x.prod(dim=d, keepdim=keep, dtype=x.dtype)  # torch widens ints to int64; ONNX does not
+            return x
+
+        return prod, [0]
+
     # data movement
     def _op_Concat(self, node: Node) -> tuple[Callable, list[int]]:
         import torch
@@ -623,6 +642,7 @@ _TORCH_FUNCTIONS: dict[str, tuple[str, int]] = {
     "Less": ("lt", 2), "Greater": ("gt", 2), "Where": ("where", 3), "Relu": ("relu", 1), "Sigmoid": ("sigmoid", 1),
     "Tanh": ("tanh", 1), "Erf": ("erf", 1), "Exp": ("exp", 1), "Log": ("log", 1), "Sqrt": ("sqrt", 1),
     "Reciprocal": ("reciprocal", 1), "Neg": ("neg", 1), "Abs": ("abs", 1), "Softplus": ("softplus", 1),
+    "Not": ("logical_not", 1), "And": ("logical_and", 2), "Or": ("logical_or", 2),
 }
 
 

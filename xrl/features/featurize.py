@@ -30,8 +30,11 @@ from xrl.errors import InvalidGraphError
 from xrl.ir import Graph, Node, TensorType
 from xrl.ir.ops import FUSABLE_ACTIVATIONS, node_bytes, node_flops, op_kind
 
-# Frozen on purpose: a trained policy's input layout must not move when an op is registered at
-# run time. tests/test_features.py checks it still equals sorted(xrl.ir.ops.OPS): extend it there.
+# Frozen on purpose: a trained policy's input layout must not move when an op is registered.
+# Ops registered after it was frozen are in OPS_AFTER_VOCAB and featurize as "other" (their kind
+# one-hot still tells a reduction from an elementwise op); moving them into OP_VOCAB changes
+# NODE_DIM, so every shipped and trained policy must then be retrained. tests/test_features.py
+# checks that the two together are exactly xrl.ir.ops.OPS.
 OP_VOCAB: tuple[str, ...] = (
     "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant", "Conv", "Div",
     "Dropout", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
@@ -41,6 +44,7 @@ OP_VOCAB: tuple[str, ...] = (
     "Tanh", "Transpose", "Unsqueeze", "Where",
     "Input", "Weight", "other",
 )
+OPS_AFTER_VOCAB: tuple[str, ...] = ("And", "Not", "Or", "ReduceProd")
 KIND_VOCAB: tuple[str, ...] = ("compute", "elementwise", "reduction", "memory", "view", "opaque")
 DTYPE_VOCAB: tuple[str, ...] = (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",

@@ -54,7 +54,8 @@ _UNARY = {"exponential": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "l
 _BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "maximum": "Max",
            "minimum": "Min", "power": "Pow"}
 _COMPARE = {"EQ": "Equal", "LT": "Less", "GT": "Greater"}
-_REDUCERS = {"add": "ReduceSum", "maximum": "ReduceMax", "minimum": "ReduceMin"}
+_REDUCERS = {"add": "ReduceSum", "maximum": "ReduceMax", "minimum": "ReduceMin", "multiply": "ReduceProd"}
+_POOLS = {"maximum": "MaxPool", "add": "AveragePool"}  # reduce-window; a sum is an average times the window size
 _IDENTITY_OPS = ("copy", "opt-barrier", "optimization-barrier", "domain")
 _DROPPED_ATTRS = ("metadata", "backend_config", "frontend_attributes", "sharding", "statistics_viz",
                   "control-predecessors")
@@ -107,6 +108,7 @@ class _Lowerer:
         self._pending: set[str] = set()  # names reserved for an instruction's result, not yet defined
         self._cache: dict[tuple, str] = {}  # (kind, args...) -> value: shared reshapes, constants
         self._sums: dict[str, tuple[str, tuple[int, ...]]] = {}  # ReduceSum output -> (input, axes)
+        self._window_sums: dict[str, tuple[str, int]] = {}  # window sum -> (the average it was made of, window size)
         self._ins: Instruction | None = None  # the instruction being lowered, for error messages
         self._comps: list[Computation] = []  # computations being lowered (innermost last)
         self._shapes: dict[str, dict[str, Shape]] = {}  # computation -> instruction -> HLO shape
@@ -409,6 +411,8 @@ class _Lowerer:
         if op in ("Div", "Mul") and _is_float(out_t.dtype):
             for total, count in [args, args[::-1]] if op == "Mul" else [args]:
                 mean = self._mean(op, total, count, name)
+                if mean is None:
+                    mean = self._window_mean(op, total, count, out_t)
                 if mean is not None:
                     return mean
         a, b = self._operands(args, out_t.shape)
@@ -432,6 +436,42 @@ class _Lowerer:
             return self._emit("ReduceMean", [x], self.types[s], name, axes=axes, keepdims=0)
         mean = self._emit("ReduceMean", [x], self.types[total], name + "/mean", axes=axes, keepdims=0)
         return self._reshape(mean, self.types[s].shape, name)
+
+    def _window_mean(self, op: str, s: LValue, count: LValue, out_t: TensorType) -> str | None:
+        """A window sum (AveragePool * K) / K (or * 1/K) -> the AveragePool itself."""
+        c = self._const(count)
+        if not isinstance(s, str) or s not in self._window_sums or c is None or c.size == 0:
+            return None
+        avg, k = self._window_sums[s]
+        want = np.asarray(k if op == "Div" else 1.0 / k).astype(c.dtype)
+        if not np.all(c == want) or self.types[avg] != out_t:
+            return None
+        return avg
+
+    # pred (bool) logic; on integers HLO's and/or/not/xor are bitwise and stay opaque
+    def _op_and(self, ins: Instruction, args, name, scope) -> LValue | None:
+        return self._logical(ins, "And", args, name)
+
+    def _op_or(self, ins: Instruction, args, name, scope) -> LValue | None:
+        return self._logical(ins, "Or", args, name)
+
+    def _op_not(self, ins: Instruction, args, name, scope) -> LValue | None:
+        if self._dtype(args[0]) != "bool":
+            return None
+        return self._unary("Not", args[0], name)
+
+    def _op_xor(self, ins: Instruction, args, name, scope) -> LValue | None:
+        if len(args) != 2 or any(self._dtype(a) != "bool" for a in args):
+            return None
+        out_t = self._tensor_type(ins.shape)
+        a, b = self._operands(args, out_t.shape)
+        same = self._emit("Equal", [a, b], out_t, name + "/eq")  # a xor b = not (a == b)
+        return self._emit("Not", [same], out_t, name)
+
+    def _logical(self, ins: Instruction, op: str, args: list[LValue], name: str) -> LValue | None:
+        if len(args) != 2 or any(self._dtype(a) != "bool" for a in args):
+            return None
+        return self._binary(ins, op, args, name)
 
     def _op_compare(self, ins: Instruction, args, name, scope) -> str | None:
         direction = ins.attrs.get("direction", "")
@@ -728,31 +768,61 @@ class _Lowerer:
         return self._emit(_BINARY[kind], [reduced, init], out_t, name)  # fold a non-neutral init in
 
     def _op_reduce_window(self, ins: Instruction, args, name, scope) -> LValue | None:
-        """A max over windows with exactly two untouched dims (batch, channels) -> MaxPool, with
-        Transposes when those two are not the leading ones (NHWC). Sum windows stay opaque."""
-        if len(args) != 2 or self._reducer(ins) != "maximum":
+        """A max or a sum over windows of a float tensor -> MaxPool, or AveragePool (counting the zero
+        padding) times the window size. The untouched dims (batch, channels) go first by a Transpose
+        when they are not (NHWC), and are merged into one (or made up, as size-1 dims) by a Reshape when
+        there are not exactly two of them (a cumulative sum over one axis). Windows with base dilation,
+        cropping pads, pads as wide as the window (onnxruntime refuses them), more than 3 pooled dims,
+        a non-neutral init, or (for sums) window dilation stay opaque."""
+        if len(args) != 2:
+            return None
+        kind = self._reducer(ins)
+        if kind not in _POOLS:
             return None
         x, init = self._full(args[0]), self.weights.get(self._compact(args[1]))
         t = self.types[x]
-        if init is None or not _is_identity("maximum", init) or not _is_float(t.dtype):
+        if init is None or not _is_identity(kind, init) or not _is_float(t.dtype):
             return None
         w = attr_window(ins.attrs.get("window", "{}"), t.rank)
         if any(d != 1 for d in w.lhs_dilate) or any(p < 0 for pad in w.pad for p in pad):
             return None
         pooled = [d for d in range(t.rank) if w.size[d] != 1 or w.stride[d] != 1 or w.pad[d] != (0, 0)]
         kept = [d for d in range(t.rank) if d not in pooled]
-        if len(kept) != 2 or not pooled:
+        if not 1 <= len(pooled) <= 3 or any(max(w.pad[d]) >= w.size[d] for d in pooled):
             return None
+        if kind == "add" and any(w.rhs_dilate[d] != 1 for d in pooled):
+            return None  # the torch executor has no dilated AveragePool
+        if kind == "maximum" and len(kept) != 2:
+            return None
+        out_t = self._tensor_type(ins.shape)
         perm = tuple(kept + pooled)
         xp = self._transpose(x, perm, name + "/nchw")
-        out_t = self._tensor_type(ins.shape)
+        kept_shape = tuple(t.shape[d] for d in kept)
+        merged = len(kept) != 2
+        if merged:  # (..., pooled dims) -> (1, all kept dims as channels, pooled dims)
+            xp = self._reshape(xp, (1, math.prod(kept_shape), *(t.shape[d] for d in pooled)), name + "/nc")
         attrs = dict(kernel_shape=tuple(w.size[d] for d in pooled), strides=tuple(w.stride[d] for d in pooled),
-                     pads=tuple(w.pad[d][0] for d in pooled) + tuple(w.pad[d][1] for d in pooled),
-                     dilations=tuple(w.rhs_dilate[d] for d in pooled))
-        if perm == tuple(range(t.rank)):
-            return self._emit("MaxPool", [xp], out_t, name, **attrs)
-        y = self._emit("MaxPool", [xp], out_t.with_shape([out_t.shape[d] for d in perm]), name + "/pool", **attrs)
-        return self._transpose(y, tuple(np.argsort(perm).tolist()), name)
+                     pads=tuple(w.pad[d][0] for d in pooled) + tuple(w.pad[d][1] for d in pooled))
+        if kind == "maximum":
+            attrs["dilations"] = tuple(w.rhs_dilate[d] for d in pooled)
+        else:
+            attrs["count_include_pad"] = 1
+        pool_out = [out_t.shape[d] for d in perm]
+        pool_shape = (1, math.prod(kept_shape), *pool_out[len(kept):]) if merged else tuple(pool_out)
+        plain = perm == tuple(range(t.rank)) and not merged
+        op = _POOLS[kind]
+        y = self._emit(op, [xp], out_t if plain else out_t.with_shape(pool_shape),
+                       name if plain and kind == "maximum" else name + "/pool", **attrs)
+        if merged:
+            y = self._reshape(y, tuple(pool_out), name + "/unmerge")
+        y = self._transpose(y, tuple(np.argsort(perm).tolist()), name if kind == "maximum" else name + "/avg")
+        if kind == "maximum":
+            return y
+        size = math.prod(w.size[d] for d in pooled)
+        total = self._emit("Mul", [y, self._weight(np.array(size, dtype=numpy_dtype(_hlo_name(t.dtype))),
+                                                   "const/window_size")], out_t, name)
+        self._window_sums[total] = (y, size)
+        return total
 
     # ----- everything else ----------------------------------------------------------------------
     def _opaque(self, ins: Instruction, args: list[LValue], name: str) -> LValue:
@@ -833,6 +903,8 @@ def _is_identity(kind: str, init: np.ndarray | None) -> bool:
     v = init.item()
     if kind == "add":
         return v == 0
+    if kind == "multiply":
+        return v == 1
     floating = np.issubdtype(init.dtype, np.floating) or init.dtype.name == "bfloat16"
     if kind == "maximum":
         return v == -math.inf if floating else v == np.iinfo(init.dtype).min

@@ -4,7 +4,9 @@ Import pins the input shapes, folds every weight-only computation (onnx_fold), t
 to the IR's canonical form: axes/split as attributes, Cast.to as a dtype name, shape-like inputs as
 weights. Ops the IR does not know stay opaque, with their domain, attributes and inferred types.
 Export is the inverse for a chosen opset (17 unless the graph needs newer): canonical attributes go
-back to inputs where the opset wants them, and fused activations become their own nodes.
+back to inputs where the opset wants them, and fused activations become their own nodes. Opaque
+nodes of other domains (com.microsoft, ...) export under the domain versions the source model
+imported (`Graph.domain_opsets`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ DEFAULT_OPSET = 17
 MIN_OPSET = 13  # import converts older models up; export writes nothing older
 # Canonical attribute <- the input it came from (index 1) in newer opsets, and the opset that moved it.
 _ATTR_FROM_INPUT = {"Split": "split", "Squeeze": "axes", "Unsqueeze": "axes", "ReduceSum": "axes",
-                    "ReduceMean": "axes", "ReduceMax": "axes", "ReduceMin": "axes"}
+                    "ReduceMean": "axes", "ReduceMax": "axes", "ReduceMin": "axes", "ReduceProd": "axes"}
 _INPUT_SINCE = {"Split": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13,
-                "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+                "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceProd": 18}
 # Shape-like inputs the IR reads as constants (xrl.ir.ops): they must be weights.
 _CONST_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Expand": (1,)}
 _FUSED_OPS = ("Conv", "MatMul", "Gemm")
@@ -143,7 +145,9 @@ def _to_graph(work: OnnxWork, types: Mapping[str, TypeProto], name: str, label: 
     used = {v for n in nodes for v in n.inputs} | set(outputs)
     weights = {k: a for k, a in work.consts.items() if k in used}  # axes/split moved into attributes
     types_used = {k: t for k, t in tensor_types.items() if k not in work.consts or k in weights}
-    return Graph(nodes, [v.name for v in work.inputs], outputs, types_used, weights, name=name).validate()
+    domain_opsets = {d: v for d, v in work.opsets.items() if d not in DEFAULT_DOMAINS}  # kept for export
+    return Graph(nodes, [v.name for v in work.inputs], outputs, types_used, weights, name=name,
+                 domain_opsets=domain_opsets).validate()
 
 
 def _tensor_type(value: str, tp: TypeProto | None, label: str, where: str) -> TensorType:
@@ -379,7 +383,12 @@ class _Exporter:
     # ----- nodes --------------------------------------------------------------------------------
     def emit(self, op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping, name: str,
              domain: str = "") -> None:
-        version = self.opset if domain == "" else self.domains.setdefault(domain, _domain_version(domain))
+        if domain == "":
+            version = self.opset
+        elif domain in self.domains:
+            version = self.domains[domain]
+        else:  # the version the source model imported, else the newest onnx knows (1 for unknown domains)
+            version = self.domains[domain] = self.g.domain_opsets.get(domain) or _domain_version(domain)
         schema = _schema(op, domain, version)
         node = helper.make_node(op, list(inputs), list(outputs), name=name, domain=domain or None)
         node.attribute.extend(_make_attr(k, v, schema, name) for k, v in sorted(attrs.items()))

@@ -141,6 +141,7 @@ def _unary(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum, "Min": np.minimum,
     "Pow": np.power, "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+    "And": np.logical_and, "Or": np.logical_or,
 }
 
 
@@ -160,6 +161,11 @@ def _div(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
         return [np.trunc(x / y).astype(x.dtype)]  # ONNX integer Div truncates
     with np.errstate(all="ignore"):
         return [np.asarray(x / y)]
+
+
+@kernel("Not")
+def _not(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    return [np.logical_not(a[0])]
 
 
 @kernel("Where")
@@ -353,7 +359,8 @@ def _global_pool(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [fn(a[0], axis=axes, keepdims=True)]
 
 
-_REDUCE = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}
+_REDUCE = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min,
+           "ReduceProd": lambda x, **kw: np.prod(x, dtype=x.dtype, **kw)}  # ints keep their width, as in ONNX
 
 
 @kernel(*_REDUCE)

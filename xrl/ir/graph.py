@@ -65,6 +65,9 @@ class Graph:
     - `outputs`: value names the graph returns, in order; `output_names` are the names a user sees
       (stable across rewrites that rename the value computing an output).
     - `types`: a TensorType for every value (inputs, weights and every node output).
+    - `domain_opsets`: the opset version of each non-default operator domain the source model
+      imported (e.g. {"com.microsoft": 1}), so that export declares the versions its opaque nodes
+      were written for. Metadata like `name`: it plays no part in the hash, and `replace` keeps it.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class Graph:
         name: str = "graph",
         output_names: Iterable[str] | None = None,
         weight_digests: Mapping[str, str] | None = None,
+        domain_opsets: Mapping[str, int] | None = None,
     ) -> None:
         self.nodes: dict[str, Node] = {}
         for n in nodes:
@@ -97,6 +101,8 @@ class Graph:
                 v.flags.writeable = False
             self.initializers[k] = v
         self.name = name
+        self.domain_opsets: dict[str, int] = {d: int(v) for d, v in (domain_opsets or {}).items()
+                                               if d not in ("", "ai.onnx")}
         # Digests are expensive for big weights: computed once and handed down to rewritten graphs.
         self._digests: dict[str, str] = dict(weight_digests or {})
         # Set by `replace`: the graph this one was rewritten from, and what changed, for incremental hashing.
@@ -259,7 +265,7 @@ class Graph:
         if new_digests:
             digests.update(new_digests)
         child = Graph(nodes, self.inputs, outputs, types, weights, name=self.name,
-                      output_names=self.output_names, weight_digests=digests)
+                      output_names=self.output_names, weight_digests=digests, domain_opsets=self.domain_opsets)
         child._hash_parent = self
         child._hash_delta = (changed, removed, set(new_weights or ()))
         return child

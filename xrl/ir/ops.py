@@ -108,7 +108,9 @@ ELEMENTWISE_COST = {
     "Abs": 1, "Sigmoid": 4, "Tanh": 4, "Gelu": 8, "Erf": 4, "Exp": 4, "Log": 4, "Sqrt": 2,
     "Reciprocal": 1, "Cast": 0, "Equal": 1, "Less": 1, "Greater": 1, "Where": 1, "Clip": 2,
     "LeakyRelu": 2, "HardSigmoid": 2, "Softplus": 4, "Identity": 0, "Dropout": 0, "Expand": 0,
+    "Not": 1, "And": 1, "Or": 1,
 }
+LOGICAL_OPS = ("Not", "And", "Or")  # bool in, bool out (ONNX defines them on bool only)
 
 
 def _infer_broadcast(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -123,6 +125,16 @@ def _infer_unary(node: Node, ins: list[TensorType], consts: Consts) -> list[Tens
     return [ins[0]]
 
 
+def _infer_logical(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    arity = 1 if node.op == "Not" else 2
+    if len(ins) != arity:
+        raise _fail(node, f"{node.op} takes {arity} input{'s' if arity > 1 else ''}, got {len(ins)}")
+    bad = [str(t) for t in ins if t.dtype != "bool"]
+    if bad:
+        raise _fail(node, f"{node.op} takes bool tensors, got {', '.join(bad)}")
+    return [TensorType(broadcast_shapes(node, *(t.shape for t in ins)), "bool")]
+
+
 def _elementwise_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> int:
     return ELEMENTWISE_COST.get(node.op, 1) * outs[0].numel
 
@@ -132,6 +144,8 @@ for _op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Equal", "Less", "G
 for _op in ("Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Neg",
             "Abs", "LeakyRelu", "HardSigmoid", "Softplus"):
     _register(_op, "elementwise", _infer_unary, _elementwise_flops)
+for _op in LOGICAL_OPS:
+    _register(_op, "elementwise", _infer_logical, _elementwise_flops)
 
 
 def _infer_clip(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -373,7 +387,7 @@ def _infer_reduce(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
     return [TensorType(tuple(shape), x.dtype)]
 
 
-for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
     _register(_op, "reduction", _infer_reduce, lambda n, i, o: i[0].numel)
 
 

@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Callable[[Types], dict[str, Any]]] = {
     "ReduceSum": lambda ins: dict(_REDUCE),
     "ReduceMax": lambda ins: dict(_REDUCE),
     "ReduceMin": lambda ins: dict(_REDUCE),
+    "ReduceProd": lambda ins: dict(_REDUCE),
     "LeakyRelu": lambda ins: {"alpha": 0.01},
     "HardSigmoid": lambda ins: {"alpha": 0.2, "beta": 0.5},
     "Gelu": lambda ins: {"approximate": "none"},
@@ -156,12 +157,13 @@ ARITY: dict[str, tuple[int, int | None, int | tuple[int, ...] | None]] = {
     "LayerNormalization": (2, 3, (1, 2, 3)), "BatchNormalization": (5, 5, 1), "MaxPool": (1, 1, (1, 2)),
     "AveragePool": (1, 1, 1), "GlobalAveragePool": (1, 1, 1), "GlobalMaxPool": (1, 1, 1),
     "ReduceMean": (1, 2, 1), "ReduceSum": (1, 2, 1), "ReduceMax": (1, 2, 1), "ReduceMin": (1, 2, 1),
+    "ReduceProd": (1, 2, 1),
     "Concat": (1, None, 1), "Split": (1, 2, None), "Slice": (3, 5, 1), "Reshape": (2, 2, 1), "Flatten": (1, 1, 1),
     "Squeeze": (1, 2, 1), "Unsqueeze": (1, 2, 1), "Transpose": (1, 1, 1), "Pad": (2, 4, 1), "Expand": (2, 2, 1),
     "Where": (3, 3, 1), "Clip": (1, 3, 1), "Cast": (1, 1, 1), "Identity": (1, 1, 1), "Dropout": (1, 3, (1, 2)),
     "Constant": (0, 0, 1), "Max": (1, None, 1), "Min": (1, None, 1),
 }
-BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater")
+BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or")
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Equal"})
 
 

@@ -341,7 +341,7 @@ def _creates_cycle(index: GraphIndex, cand: Candidate) -> bool:
 
 # Ops whose shape inference reads the values of inputs after the first (shape, axes, pads, ...).
 _READS_CONSTS = frozenset({"Reshape", "Slice", "Pad", "Expand", "Split", "Squeeze", "Unsqueeze", "ReduceSum",
-                           "ReduceMean", "ReduceMax", "ReduceMin"})
+                           "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"})
 _REJECTED: list[TensorType] = []
 
 

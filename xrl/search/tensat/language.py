@@ -403,4 +403,5 @@ class _GraphBuilder:
                 outputs[k] = out
             seen.add(outputs[k])
         return Graph(self.nodes, self.graph.inputs, outputs, self.types, self.weights, name=self.graph.name,
-                     output_names=self.graph.output_names, weight_digests=self.digests)
+                     output_names=self.graph.output_names, weight_digests=self.digests,
+                     domain_opsets=self.graph.domain_opsets)
