@@ -8,7 +8,7 @@ executor in alternating rounds (`xrl.cost.speedup.measure_speedup`). The table g
 the search believed, the measured speed-up with its 95% interval over the rounds, and the verdict.
 
     .venv/bin/python experiments/bench_measured_speedup.py [--graphs mlp,tiny_cnn] [--device cpu|cuda]
-        [--search-costs analytic,op,e2e] [--e2e-max-ops 80] [--rounds 5] [--repeats 10]
+        [--search-costs analytic,op,e2e] [--e2e-max-ops 80] [--e2e-max-params 10] [--rounds 5] [--repeats 10]
         [--out experiments/results/measured_speedup_cpu.md]
 """
 
@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--search-costs", default=",".join(SEARCH_COSTS), help="cost models that guide greedy search")
     ap.add_argument("--e2e-max-ops", type=int, default=80,
                     help="search under e2e only on graphs with at most this many ops (it times every candidate)")
+    ap.add_argument("--e2e-max-params", type=float, default=10,
+                    help="... and at most this many million parameters (every candidate is exported and loaded)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="timed runs per round")
@@ -100,7 +102,7 @@ def main() -> None:
             g = from_onnx(graphs.build(name), name=name)
             reference = to_onnx(g)
             for cost_name in costs:
-                if cost_name == "e2e" and len(g) > args.e2e_max_ops:
+                if cost_name == "e2e" and (len(g) > args.e2e_max_ops or g.num_parameters > args.e2e_max_params * 1e6):
                     continue
                 model = search_cost_model(cost_name, args, Path(tmp) / "ops.sqlite")
                 t0 = time.perf_counter()

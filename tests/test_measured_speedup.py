@@ -126,3 +126,18 @@ def test_optimize_measure_text_and_bad_repeats(capsys):
     code = main(["optimize", "mlp", "--measure", "--measure-repeats", "0"])
     _, err = capsys.readouterr()
     assert code == 2 and "--measure-repeats" in err and len(err.strip().splitlines()) == 1
+
+
+def test_optimize_warns_when_the_optimised_model_measures_slower(capsys, tmp_path, monkeypatch):
+    import xrl.cost.speedup as speedup
+
+    def slower(model, before, after, *, rounds):
+        return MeasuredSpeedup("e2e(ort, cpu)", _m(1.0), _m(1.25), (0.8, 0.79, 0.81, 0.8, 0.8)[:rounds])
+
+    monkeypatch.setattr(speedup, "measure_speedup", slower)
+    out = tmp_path / "mlp.onnx"
+    code = main(["optimize", "mlp", "--measure", "-o", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 0 and out.exists()  # a verified model is still written: slower is not wrong
+    assert ": slower" in stdout
+    assert "warning" in err and "--cost e2e" in err and len(err.strip().splitlines()) == 1
