@@ -442,7 +442,8 @@ class TorchExecutor:
         dims = tuple(range(2, self._rank(node)))
         return (lambda x: x.amax(dim=dims, keepdim=True)), [0]
 
-    def _reduce(self, node: Node, method: str) -> tuple[Callable, list[int]]:
+    def _reduce_axes(self, node: Node) -> tuple[tuple[int, ...] | None, bool]:
+        """A Reduce* node's reduced dims (sorted; None: empty axes with noop_with_empty_axes) and keepdims."""
         rank = self._rank(node)
         axes = node.attr("axes")
         if axes is None:
@@ -450,9 +451,14 @@ class TorchExecutor:
         keep = bool(node.attr("keepdims", 1))
         if not axes:
             if node.attr("noop_with_empty_axes", 0):
-                return (lambda x: x), [0]
+                return None, keep
             axes = list(range(rank))
-        dims = tuple(sorted({a % rank for a in axes}))
+        return tuple(sorted({a % rank for a in axes})), keep
+
+    def _reduce(self, node: Node, method: str) -> tuple[Callable, list[int]]:
+        dims, keep = self._reduce_axes(node)
+        if dims is None:
+            return (lambda x: x), [0]
         return (lambda x: getattr(x, method)(dim=dims, keepdim=keep)), [0]
 
     def _op_ReduceMean(self, node: Node) -> tuple[Callable, list[int]]:
@@ -468,19 +474,12 @@ class TorchExecutor:
         return self._reduce(node, "amin")
 
     def _op_ReduceProd(self, node: Node) -> tuple[Callable, list[int]]:
-        rank = self._rank(node)
-        axes = node.attr("axes")
-        if axes is None:
-            axes = self._ints(node, 1)
-        keep = bool(node.attr("keepdims", 1))
-        if not axes:
-            if node.attr("noop_with_empty_axes", 0):
-                return (lambda x: x), [0]
-            axes = list(range(rank))
-        dims = sorted({a % rank for a in axes}, reverse=True)
+        dims, keep = self._reduce_axes(node)
+        if dims is None:
+            return (lambda x: x), [0]
 
         def prod(x):  # torch.prod takes one dim at a time: the last first, so the others keep their index
-            for d in dims:
+            for d in reversed(dims):
                 x = x.prod(dim=d, keepdim=keep, dtype=x.dtype)  # torch widens ints to int64; ONNX does not
             return x
 
