@@ -176,3 +176,12 @@ def test_rl_sampling_option(capsys):
     assert res["verified"] and res["details"]["rollouts"] == 3 and res["speedup"] >= 1.0
     code, _, err = run(capsys, "optimize", "mlp", "--search", "greedy", "--samples", "2")
     assert_user_error(code, err, "--search rl")
+
+
+def test_device_cuda_without_a_gpu_is_a_user_error(capsys):
+    from xrl.cost.devices import gpu_model_names
+
+    if gpu_model_names():
+        pytest.skip("this machine has an NVIDIA GPU")
+    code, _, err = run(capsys, "cost", "mlp", "--device", "cuda")
+    assert_user_error(code, err, "no NVIDIA GPU")

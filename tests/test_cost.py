@@ -229,3 +229,27 @@ def test_ort_names_a_graph_it_cannot_run() -> None:
               extra_types={"y": TensorType((4,))})
     with pytest.raises(OrtSessionError, match="cannot load graph"):
         get_cost_model("ort", device="cpu", repeats=1).cost(g)
+
+
+def test_the_default_profile_is_this_machines(tmp_path):
+    from xrl.cost.devices import gpu_model_names, profile_for_gpu, this_machine_profile
+
+    assert this_machine_profile(str(tmp_path / "none" / "*" / "information")) == "cpu"
+    for i, model in enumerate(["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]):
+        (tmp_path / f"000{i}:00.0").mkdir()
+        (tmp_path / f"000{i}:00.0" / "information").write_text(f"Model: \t {model}\nIRQ:  42\n")
+    pattern = str(tmp_path / "*" / "information")
+    assert gpu_model_names(pattern) == ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
+    assert this_machine_profile(pattern) == "h100"  # the first GPU's; an H200 has the H100's SMs
+    assert [profile_for_gpu(n) for n in ("Tesla V100-SXM2-16GB", "NVIDIA GeForce GTX 1080", "NVIDIA L4")] == [
+        "v100", "gtx1080", "h100"]
+
+
+def test_optimize_and_cost_estimate_for_this_machine_by_default():
+    from xrl.api import get_cost
+    from xrl.cost.devices import this_machine_profile
+
+    here = this_machine_profile()
+    assert get_cost("analytic", None).device.name == here
+    assert get_cost("analytic", "auto").device.name == here
+    assert get_cost("analytic", "a100").device.name == "a100"

@@ -141,3 +141,16 @@ def test_optimize_warns_when_the_optimised_model_measures_slower(capsys, tmp_pat
     assert code == 0 and out.exists()  # a verified model is still written: slower is not wrong
     assert ": slower" in stdout
     assert "warning" in err and "--cost e2e" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_warning_names_a_foreign_device_profile(capsys, monkeypatch):
+    import xrl.cost.speedup as speedup
+    from xrl.cost.devices import this_machine_profile
+
+    if this_machine_profile() == "a100":
+        pytest.skip("this machine is an A100")
+    monkeypatch.setattr(speedup, "measure_speedup", lambda model, before, after, *, rounds: MeasuredSpeedup(
+        "e2e(ort, cpu)", _m(1.0), _m(1.25), (0.8, 0.79, 0.81, 0.8, 0.8)))
+    code = main(["optimize", "mlp", "--device", "a100", "--measure"])
+    _, err = capsys.readouterr()
+    assert code == 0 and "optimised for the a100 profile" in err and "leave out --device" in err

@@ -68,8 +68,17 @@ def check_output_path(output: str | Path, source: Path | None, *, force: bool) -
 
 
 def get_cost(name: str, device: str | None, **options: Any) -> CostModel:
+    """A cost model by name. For the analytic model, device None or "auto" means this machine's
+    profile (its NVIDIA GPU's, else cpu) and "cuda" its GPU's; measured models take them as they are."""
     from xrl.cost import get_cost_model
 
+    if name == "analytic" and device in (None, "auto", "cuda"):
+        from xrl.cost.devices import gpu_model_names, this_machine_profile
+
+        if device == "cuda" and not gpu_model_names():
+            raise XrlError("--device cuda: no NVIDIA GPU found on this machine; name a profile "
+                           "(h100, a100, v100, gtx1080, cpu) to estimate for another device")
+        device = this_machine_profile()
     return get_cost_model(name, device=device, **options)
 
 

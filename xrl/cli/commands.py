@@ -22,7 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", default="analytic", choices=COST_CHOICES, help="cost backend (default analytic)")
     p.add_argument("--device", default=None, help="device profile of the analytic model (h100, a100, v100, gtx1080, "
-                   "cpu; default h100), or cpu/cuda for measured backends (default: what is present)")
+                   "cpu, or cuda: this machine's GPU), or cpu/cuda for measured backends; default: this machine "
+                   "(the profile of its NVIDIA GPU, else cpu)")
 
 
 def load(args: argparse.Namespace):
@@ -218,6 +219,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         if res.measured["verdict"] == "slower":
             advice = ("search under measured cost (--cost e2e) instead" if args.cost in ("analytic", "op")
                       else "the search's own timings did not hold up; keep the original model")
+            if args.cost == "analytic" and args.device not in (None, "auto", "cuda"):
+                from xrl.cost.devices import this_machine_profile
+
+                if args.device != this_machine_profile():
+                    advice = (f"it was optimised for the {args.device} profile, not this machine: leave out "
+                              f"--device to optimise for this one, or {advice}")
             print(f"xrl: warning: the optimised model ran slower on this machine than the original "
                   f"({res.measured['speedup']:.3f}x) under {res.measured['cost_model']}; {advice}", file=sys.stderr)
     if res.output:

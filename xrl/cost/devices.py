@@ -19,6 +19,7 @@ GPUs, so SM count alone would make a GTX 1080 beat a V100 on small GEMMs.
 
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 
 SATURATION_S = 20e-6
@@ -90,3 +91,38 @@ def get_device(device: str | DeviceProfile) -> DeviceProfile:
         return DEVICE_PROFILES[device]
     except KeyError:
         raise ConfigError(f"unknown device {device!r}; choose one of: {', '.join(DEVICE_PROFILES)}") from None
+
+
+# Substrings of an NVIDIA model name -> the closest profile (H200 and GH200 share the H100's SMs).
+_GPU_NAMES = (("h100", "h100"), ("h200", "h100"), ("a100", "a100"), ("v100", "v100"), ("1080", "gtx1080"))
+NVIDIA_PROC = "/proc/driver/nvidia/gpus/*/information"
+
+
+def gpu_model_names(pattern: str = NVIDIA_PROC) -> list[str]:
+    """Model names of the NVIDIA GPUs the driver lists (Linux), without importing a CUDA library."""
+    names = []
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("Model:"):
+                        names.append(line.split(":", 1)[1].strip())
+        except OSError:
+            continue
+    return names
+
+
+def profile_for_gpu(model_name: str) -> str:
+    """The profile closest to an NVIDIA model name; h100 for a GPU no profile names."""
+    lower = model_name.lower()
+    return next((profile for key, profile in _GPU_NAMES if key in lower), "h100")
+
+
+def this_machine_profile(pattern: str = NVIDIA_PROC) -> str:
+    """The analytic profile of this machine: its first NVIDIA GPU's, else "cpu".
+
+    `xrl optimize` and `xrl cost` use it when no --device is given: a graph rewritten for another
+    device can run much slower here (on this CPU, squeezenet rewritten for the H100 profile ran at
+    0.72x under onnxruntime), so the default target is the machine itself."""
+    names = gpu_model_names(pattern)
+    return profile_for_gpu(names[0]) if names else "cpu"
