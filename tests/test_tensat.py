@@ -134,3 +134,31 @@ def test_rejects_a_whole_graph_cost_model_and_unknown_options(rules):
         tensat_search(_shared_input_matmuls(), cost, rules)
     with pytest.raises(ConfigError, match="extractor"):
         tensat_search(_shared_input_matmuls(), get_cost_model("analytic"), rules, extractor="best")
+
+
+def test_an_iteration_predicted_to_overrun_the_time_limit_is_not_started(monkeypatch):
+    """Iterations of 1, 2 and 4 s that each double the e-graph, under a 10 s limit: the fourth (8 s
+    predicted, starting at 7 s) would end at 15 s, so saturation stops after three."""
+    from types import SimpleNamespace
+
+    import xrl.search.tensat.runner as runner
+
+    clock = [0.0]
+    durations = [1.0, 2.0, 4.0, 8.0]
+    sizes = iter([100, 200, 400, 800, 1600])
+
+    class FakeEGraph:
+        def run(self, schedule):
+            if schedule == "search":
+                clock[0] += durations.pop(0)
+            return SimpleNamespace(updated=True)
+
+    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(runner, "run", lambda ruleset: ruleset)
+    monkeypatch.setattr(runner, "count_enodes", lambda egraph: next(sizes))
+    rewrites = SimpleNamespace(search="search", search_multi="search_multi", apply="apply", apply_multi="apply_multi")
+    analysis = SimpleNamespace(saturate=lambda: "analysis")
+    report = runner.saturate(FakeEGraph(), rewrites, analysis, runner.Limits(node_limit=10**6, iter_limit=10,
+                                                                             time_limit=10.0))
+    assert report.iterations == 3 and report.stop_reason == "time limit (predicted)"
+    assert clock[0] == 7.0 and report.enodes_per_iteration == [200, 400, 800]

@@ -5,8 +5,12 @@ applies the valid ones (`Rewrites.apply`), and completes the analysis (types and
 every new e-class) before the next. The runner stops when an iteration changes nothing
 (saturated), or when the e-graph passes `node_limit` e-nodes, or after `iter_limit` iterations,
 or once `time_limit` seconds have gone. egglog cannot stop inside an iteration, so the limits are
-checked between iterations, as egg checks them; the last iteration may overshoot the node limit
-and the time limit, as it may in egg.
+checked between iterations, as egg checks them. Unlike egg, an iteration is not started when it
+would likely end past the time limit: its time is predicted from the last one's, scaled by how
+much the e-graph grew in it (iterations cost about what they match, and matches grow with the
+e-graph). On Inception-v3 the second iteration takes ten times the first; started regardless, it
+turned a 2.5 s saturation budget into 17 s. The first iteration has no prediction (it runs unless
+the time is already up) and may overshoot, and the last may overshoot the node limit, as in egg.
 
 Multi-pattern rules (TASO's multi-output rules: merge two MatMuls that share an input, ...) run
 only in the first `multi_iter_limit` iterations, as in Tensat (its `k_multi`, 1 by default): they
@@ -44,7 +48,7 @@ class Limits:
 class RunReport:
     iterations: int = 0
     enodes: int = 0
-    stop_reason: str = ""  # "saturated" | "node limit" | "iteration limit" | "time limit"
+    stop_reason: str = ""  # "saturated" | "node limit" | "iteration limit" | "time limit" | "time limit (predicted)"
     time_s: float = 0.0
     enodes_per_iteration: list[int] = field(default_factory=list)
 
@@ -66,6 +70,7 @@ def saturate(egraph: EGraph, rewrites: Rewrites, analysis: Ruleset, limits: Limi
     report = RunReport()
     egraph.run(run(analysis).saturate())
     report.enodes = count_enodes(egraph)
+    predicted_s = 0.0  # the next iteration's expected time: unknown before the first
     while True:
         if report.iterations >= limits.iter_limit:
             report.stop_reason = "iteration limit"
@@ -73,9 +78,14 @@ def saturate(egraph: EGraph, rewrites: Rewrites, analysis: Ruleset, limits: Limi
         if report.enodes >= limits.node_limit:
             report.stop_reason = "node limit"
             break
-        if time.perf_counter() >= deadline:
+        now = time.perf_counter()
+        if now >= deadline:
             report.stop_reason = "time limit"
             break
+        if now + predicted_s > deadline:
+            report.stop_reason = "time limit (predicted)"
+            break
+        started, enodes_before = now, report.enodes
         multi = report.iterations < limits.multi_iter_limit
         changed = egraph.run(run(rewrites.search)).updated
         if multi:
@@ -87,6 +97,7 @@ def saturate(egraph: EGraph, rewrites: Rewrites, analysis: Ruleset, limits: Limi
         report.iterations += 1
         report.enodes = count_enodes(egraph)
         report.enodes_per_iteration.append(report.enodes)
+        predicted_s = (time.perf_counter() - started) * max(1.0, report.enodes / max(enodes_before, 1))
         if not changed:
             report.stop_reason = "saturated"
             break
