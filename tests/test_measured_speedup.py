@@ -154,3 +154,29 @@ def test_the_warning_names_a_foreign_device_profile(capsys, monkeypatch):
     code = main(["optimize", "mlp", "--device", "a100", "--measure"])
     _, err = capsys.readouterr()
     assert code == 0 and "optimised for the a100 profile" in err and "leave out --device" in err
+
+
+def test_the_same_graph_is_never_called_faster():
+    lucky = MeasuredSpeedup("t", _m(1.02), _m(1.0), (1.02, 1.021, 1.019, 1.02, 1.02), identical=True)
+    assert lucky.verdict == "within noise" and lucky.to_json()["identical"] is True
+    assert MeasuredSpeedup("t", _m(1.02), _m(1.0), (1.02, 1.021, 1.019, 1.02, 1.02)).verdict == "faster"
+
+
+def test_measure_speedup_knows_identical_graphs(mlp):
+    timer = ScriptedTimer(lambda g: 1e-3, noise=0.01)
+    assert measure_speedup(timer, mlp, mlp, rounds=2).identical
+    other = greedy_search(mlp, AnalyticCostModel(device="cpu")).graph
+    assert not measure_speedup(timer, mlp, other, rounds=2).identical
+
+
+def test_a_screen_limits_what_greedy_times_but_keeps_the_gains(mlp):
+    analytic = AnalyticCostModel(device="cpu")
+    timer = ScriptedTimer(analytic.cost, noise=0.002, seed=4)
+    res = greedy_search(mlp, timer, screen=analytic, screen_top=2)
+    exact = greedy_search(mlp, analytic)
+    steps = len(res.steps)
+    assert res.explored <= 2 * (steps + 1)  # at most screen_top timed per step, the last one included
+    assert res.details["screen"] == "analytic(cpu)" and res.details["screen_top"] == 2
+    assert analytic.cost(res.graph) <= analytic.cost(mlp) - 0.5 * (analytic.cost(mlp) - exact.cost)
+    with pytest.raises(ValueError):
+        greedy_search(mlp, timer, screen=timer)

@@ -115,8 +115,22 @@ def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
     from xrl.rewrite import RewriteEngine
     from xrl.search.greedy import greedy_search
 
-    res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit)
+    screen_top = int(options.get("screen_top", 8))
+    screen = measured_screen(cost) if not cost.per_op and screen_top > 0 else None
+    res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit, screen=screen,
+                        screen_top=max(screen_top, 1))
     return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored, **res.details})
+
+
+def measured_screen(cost: CostModel) -> CostModel:
+    """The analytic model of the device a whole-graph model times on: what proposes the candidates a
+    measured greedy search times (its `cpu` profile, or this machine's GPU's)."""
+    from xrl.cost import AnalyticCostModel
+    from xrl.cost.devices import this_machine_profile
+
+    # e2e keeps its device as `device`, ort in its options; the cuda model is on this machine's GPU
+    device = getattr(cost, "device", None) or getattr(getattr(cost, "options", None), "device", None) or "auto"
+    return AnalyticCostModel(device="cpu" if device == "cpu" else this_machine_profile())
 
 
 def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,

@@ -181,7 +181,8 @@ def measured_line(m: dict) -> str:
     rounds = ", ".join(f"{r:.3f}" for r in m["round_speedups"])
     return (f"measured under {m['cost_model']}: {human_seconds(m['before_s'])} (CV {m['before_cv']:.1%}) -> "
             f"{human_seconds(m['after_s'])} (CV {m['after_cv']:.1%}), {m['speedup']:.3f}x "
-            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]: {m['verdict']} (rounds {rounds})")
+            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]: {m['verdict']}"
+            f"{' (the same graph)' if m.get('identical') else ''} (rounds {rounds})")
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:

@@ -15,7 +15,10 @@ one paired ratio before/after; the verdict is a paired t-test on their logarithm
     within noise  otherwise: this machine cannot tell the two apart at this number of rounds.
 
 One round has no between-round spread: its verdict falls back to the runs' own noise
-(`improvement_is_significant`). A deterministic estimate (identical ratios) is judged exactly.
+(`improvement_is_significant`). A deterministic estimate (identical ratios) is judged exactly. Two
+graphs with the same canonical hash are the same computation: they are still timed (which shows
+the noise), but the verdict is "within noise" whatever the rounds say, since a 95% test calls one
+comparison in twenty of identical things different.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class MeasuredSpeedup:
     before: Measurement
     after: Measurement
     round_speedups: tuple[float, ...]
+    identical: bool = False  # the two graphs have the same canonical hash
 
     @property
     def speedup(self) -> float:
@@ -65,6 +69,8 @@ class MeasuredSpeedup:
 
     @property
     def verdict(self) -> str:
+        if self.identical:
+            return "within noise"
         if len(self.round_speedups) < 2:
             if improvement_is_significant(self.before, self.after):
                 return "faster"
@@ -81,7 +87,7 @@ class MeasuredSpeedup:
         return {"cost_model": self.cost_model, "before_s": self.before.median_s, "after_s": self.after.median_s,
                 "before_cv": self.before.cv, "after_cv": self.after.cv, "repeats": self.before.repeats,
                 "speedup": self.speedup, "interval95": [low, high], "round_speedups": list(self.round_speedups),
-                "verdict": self.verdict}
+                "identical": self.identical, "verdict": self.verdict}
 
 
 def pool_rounds(rounds: Sequence[Measurement]) -> Measurement:
@@ -105,4 +111,5 @@ def measure_speedup(model: CostModel, before: Graph, after: Graph, *, rounds: in
             timed[which].append(model.remeasure(graphs[which]))
     ratios = tuple(b.median_s / a.median_s if a.median_s > 0 else float("nan")
                    for b, a in zip(timed["before"], timed["after"]))
-    return MeasuredSpeedup(model.describe(), pool_rounds(timed["before"]), pool_rounds(timed["after"]), ratios)
+    return MeasuredSpeedup(model.describe(), pool_rounds(timed["before"]), pool_rounds(timed["after"]), ratios,
+                           identical=before.canonical_hash == after.canonical_hash)
