@@ -1,14 +1,15 @@
 """Does greedy search make the suite faster on this machine? Estimated against measured speed-ups.
 
 For each graph and each cost model that guides the search (the analytic roofline, the per-op
-measured `op` model, and, on graphs small enough, whole-graph onnxruntime timing `e2e`), greedy
+measured `op` model, and, on graphs with few enough weights, whole-graph timing `e2e`, screened as
+`xrl optimize --cost e2e` screens it: the device's analytic model picks the candidates timed), greedy
 search rewrites the graph; the result is verified against the original under onnxruntime, and then
 the original and the rewritten graph are timed end to end with onnxruntime and with the PyTorch
 executor in alternating rounds (`xrl.cost.speedup.measure_speedup`). The table gives the speed-up
 the search believed, the measured speed-up with its 95% interval over the rounds, and the verdict.
 
     .venv/bin/python experiments/bench_measured_speedup.py [--graphs mlp,tiny_cnn] [--device cpu|cuda]
-        [--search-costs analytic,op,e2e] [--e2e-max-ops 80] [--e2e-max-params 10] [--rounds 5] [--repeats 10]
+        [--search-costs analytic,op,e2e] [--e2e-max-params 10] [--screen-top 8] [--rounds 5] [--repeats 10]
         [--out experiments/results/measured_speedup_cpu.md]
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from bench_measured import markdown
 
 from xrl import graphs
-from xrl.api import measure_model
+from xrl.api import measure_model, measured_screen
 from xrl.cli.output import format_table
 from xrl.cost import get_cost_model
 from xrl.cost.speedup import measure_speedup
@@ -71,10 +72,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the measured models run")
     ap.add_argument("--profile", help="analytic device profile (default: cpu on the CPU, h100 on a GPU)")
     ap.add_argument("--search-costs", default=",".join(SEARCH_COSTS), help="cost models that guide greedy search")
-    ap.add_argument("--e2e-max-ops", type=int, default=80,
-                    help="search under e2e only on graphs with at most this many ops (it times every candidate)")
     ap.add_argument("--e2e-max-params", type=float, default=10,
-                    help="... and at most this many million parameters (every candidate is exported and loaded)")
+                    help="search under e2e only on graphs of at most this many million parameters (every "
+                         "candidate timed is exported and loaded)")
+    ap.add_argument("--screen-top", type=int, default=8,
+                    help="under e2e, candidates timed per step (the analytic model's best; 0: all)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="timed runs per round")
@@ -102,11 +104,12 @@ def main() -> None:
             g = from_onnx(graphs.build(name), name=name)
             reference = to_onnx(g)
             for cost_name in costs:
-                if cost_name == "e2e" and (len(g) > args.e2e_max_ops or g.num_parameters > args.e2e_max_params * 1e6):
+                if cost_name == "e2e" and g.num_parameters > args.e2e_max_params * 1e6:
                     continue
                 model = search_cost_model(cost_name, args, Path(tmp) / "ops.sqlite")
                 t0 = time.perf_counter()
-                res = greedy_search(g, model, rewriter)
+                screen = measured_screen(model) if cost_name == "e2e" and args.screen_top > 0 else None
+                res = greedy_search(g, model, rewriter, screen=screen, screen_top=max(args.screen_top, 1))
                 search_s = time.perf_counter() - t0
                 check = compare_models(reference, to_onnx(res.graph), seed=0, trials=2)
                 if not check.ok:
