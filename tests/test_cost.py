@@ -234,13 +234,19 @@ def test_ort_names_a_graph_it_cannot_run() -> None:
 def test_the_default_profile_is_this_machines(tmp_path):
     from xrl.cost.devices import gpu_model_names, profile_for_gpu, this_machine_profile
 
-    assert this_machine_profile(str(tmp_path / "none" / "*" / "information")) == "cpu"
+    assert this_machine_profile(str(tmp_path / "none" / "*" / "information"), smi=None) == "cpu"
+    # without the /proc files, nvidia-smi answers (a sandbox such as gVisor)
+    fake_smi = tmp_path / "fake-smi"
+    fake_smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    fake_smi.chmod(0o755)
+    assert gpu_model_names(str(tmp_path / "none" / "*"), smi=str(fake_smi)) == ["NVIDIA H100 80GB HBM3"]
+    assert this_machine_profile(str(tmp_path / "none" / "*"), smi=str(tmp_path / "missing-smi")) == "cpu"
     for i, model in enumerate(["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]):
         (tmp_path / f"000{i}:00.0").mkdir()
         (tmp_path / f"000{i}:00.0" / "information").write_text(f"Model: \t {model}\nIRQ:  42\n")
     pattern = str(tmp_path / "*" / "information")
-    assert gpu_model_names(pattern) == ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
-    assert this_machine_profile(pattern) == "h100"  # the first GPU's; an H200 has the H100's SMs
+    assert gpu_model_names(pattern, smi=None) == ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
+    assert this_machine_profile(pattern, smi=None) == "h100"  # the first GPU's; an H200 has the H100's SMs
     assert [profile_for_gpu(n) for n in ("Tesla V100-SXM2-16GB", "NVIDIA GeForce GTX 1080", "NVIDIA L4")] == [
         "v100", "gtx1080", "h100"]
 

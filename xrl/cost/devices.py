@@ -20,6 +20,8 @@ GPUs, so SM count alone would make a GTX 1080 beat a V100 on small GEMMs.
 from __future__ import annotations
 
 import glob
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 SATURATION_S = 20e-6
@@ -98,8 +100,9 @@ _GPU_NAMES = (("h100", "h100"), ("h200", "h100"), ("a100", "a100"), ("v100", "v1
 NVIDIA_PROC = "/proc/driver/nvidia/gpus/*/information"
 
 
-def gpu_model_names(pattern: str = NVIDIA_PROC) -> list[str]:
-    """Model names of the NVIDIA GPUs the driver lists (Linux), without importing a CUDA library."""
+def gpu_model_names(pattern: str = NVIDIA_PROC, smi: str | None = "nvidia-smi") -> list[str]:
+    """Model names of the NVIDIA GPUs the driver lists (Linux), without importing a CUDA library:
+    from its /proc files, else (sandboxes without them, such as gVisor) from `smi` when installed."""
     names = []
     for path in sorted(glob.glob(pattern)):
         try:
@@ -109,7 +112,14 @@ def gpu_model_names(pattern: str = NVIDIA_PROC) -> list[str]:
                         names.append(line.split(":", 1)[1].strip())
         except OSError:
             continue
-    return names
+    if names or smi is None or shutil.which(smi) is None:
+        return names
+    try:
+        proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
 
 
 def profile_for_gpu(model_name: str) -> str:
@@ -118,11 +128,11 @@ def profile_for_gpu(model_name: str) -> str:
     return next((profile for key, profile in _GPU_NAMES if key in lower), "h100")
 
 
-def this_machine_profile(pattern: str = NVIDIA_PROC) -> str:
+def this_machine_profile(pattern: str = NVIDIA_PROC, smi: str | None = "nvidia-smi") -> str:
     """The analytic profile of this machine: its first NVIDIA GPU's, else "cpu".
 
     `xrl optimize` and `xrl cost` use it when no --device is given: a graph rewritten for another
     device can run much slower here (on this CPU, squeezenet rewritten for the H100 profile ran at
     0.72x under onnxruntime), so the default target is the machine itself."""
-    names = gpu_model_names(pattern)
+    names = gpu_model_names(pattern, smi)
     return profile_for_gpu(names[0]) if names else "cpu"
