@@ -104,10 +104,23 @@ def channel_vector(shape: tuple[int, ...], channels: int, rank: int) -> bool:
     return full[0] == 1 and full[1] in (1, channels) and all(d == 1 for d in full[2:])
 
 
+def vadd(a: Iterable[Any], b: Iterable[Any]) -> tuple[int, ...]:
+    """Elementwise sum of two integer sequences of one length (pads, shapes), as a tuple of ints."""
+    a, b = [int(v) for v in a], [int(v) for v in b]
+    if len(a) != len(b):
+        raise ValueError(f"vadd: lengths {len(a)} and {len(b)} differ")
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def vsub(a: Iterable[Any], b: Iterable[Any]) -> tuple[int, ...]:
+    """Elementwise difference of two integer sequences of one length, as a tuple of ints."""
+    return vadd(a, [-int(v) for v in b])
+
+
 PURE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "len": len, "tuple": tuple, "range": range, "min": min, "max": max, "abs": abs, "sum": sum, "all": all,
     "any": any, "int": int, "float": float, "sorted": sorted, "prod": math.prod, "compose": compose,
-    "inverse": inverse, "bcast": bcast, "channel_vector": channel_vector,
+    "inverse": inverse, "bcast": bcast, "channel_vector": channel_vector, "vadd": vadd, "vsub": vsub,
 }
 TENSOR_FUNCTIONS = frozenset(_tensor_functions(None).keys())  # type: ignore[arg-type]
 FUNCTIONS = frozenset(PURE_FUNCTIONS) | TENSOR_FUNCTIONS
