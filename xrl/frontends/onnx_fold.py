@@ -20,6 +20,7 @@ import onnx
 from onnx import AttributeProto, NodeProto, TensorProto, TypeProto, ValueInfoProto, helper, numpy_helper
 
 from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError
+from xrl.limits import check_elements, check_shape, elements
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -251,6 +252,7 @@ def pin_input_shapes(work: OnnxWork, input_shapes: Mapping[str, Sequence[int]] |
                               f"(inputs: {', '.join(names) or 'none'})")
         if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
             raise ConfigError(f"input shape {k}={','.join(map(str, shape))} must be non-negative integers")
+        check_shape(shape, f"input {k!r} of {label} (--input-shape)")  # before anything holds the dims
     dynamic: list[str] = []
     for v in work.inputs:
         if v.type.WhichOneof("value") != "tensor_type":
@@ -268,6 +270,8 @@ def pin_input_shapes(work: OnnxWork, input_shapes: Mapping[str, Sequence[int]] |
             _set_dims(v.type, [int(s) for s in shape])
         elif dims is None or not all(isinstance(d, int) for d in dims):
             dynamic.append(v.name)
+        else:
+            check_shape(dims, f"input {v.name!r} of {label}")  # type: ignore[arg-type]
     if dynamic:
         parts, fixes = [], []
         for v in work.inputs:
@@ -309,13 +313,13 @@ def infer_types(work: OnnxWork, label: str) -> dict[str, TypeProto]:
 
 
 # ----- constant folding ------------------------------------------------------------------------
-def fold_constants(work: OnnxWork, types: Mapping[str, TypeProto]) -> int:
+def fold_constants(work: OnnxWork, types: Mapping[str, TypeProto], label: str = "model") -> int:
     """Evaluate every node whose inputs are all constant (and Shape/Size of static values); their
     outputs become weights. Returns the number of nodes folded."""
     kept: list[NodeProto] = []
     folded = 0
     for node in work.nodes:
-        values = _try_fold(node, work.consts, types, work.opset)
+        values = _try_fold(node, work.consts, types, work.opset, label)
         if values is None:
             kept.append(node)
             continue
@@ -343,14 +347,14 @@ def simplify(work: OnnxWork, label: str) -> dict[str, TypeProto]:
     remove_dead(work)
     for _ in range(_MAX_ROUNDS):
         types = infer_types(work, label)
-        if not fold_constants(work, types):
+        if not fold_constants(work, types, label):
             return types
         remove_dead(work)
     return infer_types(work, label)
 
 
 def _try_fold(node: NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[str, TypeProto],
-              opset: int) -> list[np.ndarray] | None:
+              opset: int, label: str = "model") -> list[np.ndarray] | None:
     if node.domain not in DEFAULT_DOMAINS or node.op_type in _NEVER_FOLD:
         return None
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute):
@@ -371,11 +375,14 @@ def _try_fold(node: NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[
     if not any(args) or any(v and v not in consts for v in args):
         return None
     in_bytes = sum(consts[v].nbytes for v in args if v)
-    out_bytes = 0
-    for v in node.output:
-        shape = static_shape(types.get(v))
-        if shape is not None:
-            out_bytes += math.prod(shape) * 8
+    # Sizes are checked before anything is evaluated: a few bytes of ConstantOfShape/Expand/Tile
+    # input can ask for terabytes.
+    out_elems = _output_elements(node, consts, types)
+    if out_elems is None:
+        return None  # an output size xrl cannot bound: leave the node alone
+    for v, n in zip(node.output, out_elems):
+        check_elements(n, f"{label}: value {v!r} (output of node {node_label(node)}, folded as a constant)")
+    out_bytes = sum(out_elems) * 8
     if out_bytes > _MAX_FOLD_BYTES and out_bytes > 2 * in_bytes:
         return None
     try:
@@ -393,6 +400,67 @@ def _try_fold(node: NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[
                 v = v.astype(want)
         out.append(v)
     return out
+
+
+# Ops whose every output has at most as many elements as all their inputs together.
+_NON_GROWING = frozenset({
+    "Identity", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Transpose", "Slice",
+    "Split", "Abs", "Neg", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Sign", "Not", "Relu", "Sigmoid", "Tanh",
+    "Erf", "Reciprocal", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
+    "NonZero", "Softmax", "LogSoftmax",
+})
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Min", "Max", "Equal", "Less", "Greater", "LessOrEqual",
+    "GreaterOrEqual", "And", "Or", "Xor", "Where", "Sum", "Mean", "BitShift",
+})
+
+
+def _output_elements(node: NodeProto, consts: Mapping[str, np.ndarray],
+                     types: Mapping[str, TypeProto]) -> list[int] | None:
+    """An upper bound on each output's element count, from inferred types or the constant inputs,
+    computed without allocating; None where no bound is known."""
+    shapes = [static_shape(types.get(v)) for v in node.output]
+    if all(s is not None for s in shapes):
+        return [elements(s) for s in shapes]  # type: ignore[arg-type]
+    args = [consts[v] if v else None for v in node.input]
+    op = node.op_type
+    try:
+        if op in _NON_GROWING:
+            bound = sum(a.size for a in args if a is not None)
+        elif op in _BROADCASTING:
+            bound = elements(_broadcast([a.shape for a in args if a is not None]))
+        elif op == "ConstantOfShape":
+            bound = elements(args[0].reshape(-1))
+        elif op == "Expand":
+            bound = elements(_broadcast([args[0].shape, tuple(int(d) for d in args[1].reshape(-1))]))
+        elif op == "Tile":
+            bound = elements(d * int(r) for d, r in zip(args[0].shape, args[1].reshape(-1)))
+        elif op == "Range":
+            start, limit, delta = (float(a.reshape(-1)[0]) for a in args[:3])
+            bound = max(0, math.ceil((limit - start) / delta)) if delta else 0
+        elif op == "Gather":
+            data, idx = args[0], args[1]
+            axis = {a.name: a.i for a in node.attribute}.get("axis", 0)
+            bound = data.size // max(data.shape[axis], 1) * idx.size
+        else:
+            return None
+    except (ValueError, TypeError, IndexError, OverflowError, ZeroDivisionError, AttributeError):
+        return None  # malformed inputs: the evaluator would fail anyway
+    return [max(bound, 0)] * len(node.output)
+
+
+def _broadcast(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """numpy broadcasting of shapes, in Python ints (np.broadcast_shapes would reject huge dims)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, d in enumerate(s, start=rank - len(s)):
+            d = int(d)
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise ValueError("shapes do not broadcast")
+                out[i] = d
+    return tuple(out)
 
 
 def _evaluate(node: NodeProto, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:

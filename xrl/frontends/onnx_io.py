@@ -36,6 +36,7 @@ from xrl.frontends.onnx_fold import (
 )
 from xrl.ir import Graph, Node, TensorType
 from xrl.ir.ops import FUSABLE_ACTIVATIONS, is_known
+from xrl.limits import check_shape
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # import converts older models up; export writes nothing older
@@ -166,6 +167,7 @@ def _tensor_type(value: str, tp: TypeProto | None, label: str, where: str) -> Te
         raise ModelLoadError(f"{label}: value {value!r} ({where}) has element type "
                              f"{TensorProto.DataType.Name(elem)}, which xrl does not support "
                              f"(supported: {', '.join(sorted(DTYPE_TO_ONNX))})")
+    check_shape(shape, f"{label}: value {value!r} ({where})")  # nothing downstream may allocate it
     return TensorType(shape, ONNX_TO_DTYPE[elem])
 
 

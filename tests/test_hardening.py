@@ -1,0 +1,97 @@
+"""Hostile and careless inputs (issue 14): bounded memory, user errors, one JSON document, bounded rules."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from xrl.cli import main
+from xrl.errors import XrlError
+from xrl.frontends.onnx_io import from_onnx
+from xrl.limits import MAX_ELEMENTS_ENV, TensorTooLargeError
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    for n in needles:
+        assert n in err, f"{n!r} not in {err!r}"
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "hostile", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def constant_of_shape_model(dims: list[int]) -> onnx.ModelProto:
+    """A ConstantOfShape of `dims` reshaped flat: a couple of hundred bytes asking for prod(dims) floats."""
+    shape = numpy_helper.from_array(np.array(dims, dtype=np.int64), "shp")
+    tgt = numpy_helper.from_array(np.array([-1], dtype=np.int64), "tgt")
+    nodes = [helper.make_node("ConstantOfShape", ["shp"], ["big"]),
+             helper.make_node("Reshape", ["big", "tgt"], ["flat"]),
+             helper.make_node("Relu", ["x"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                  [helper.make_tensor_value_info("flat", TensorProto.FLOAT, None),
+                   helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape, tgt])
+
+
+# ----- item 1: constant folding checks sizes before it allocates --------------------------------
+def test_tiny_model_asking_for_terabytes_is_a_user_error(capsys, tmp_path):
+    p = tmp_path / "bomb.onnx"
+    onnx.save(constant_of_shape_model([100000, 100000, 100]), p)
+    assert p.stat().st_size < 300
+    code, _, err = run(capsys, "info", str(p))
+    assert_user_error(code, err, "'big'", "1,000,000,000,000 elements", MAX_ELEMENTS_ENV)
+
+
+def test_fold_of_unknown_shape_is_bounded_before_evaluation(monkeypatch):
+    # 5,000 leading ones make the shape input too big for shape inference's data propagation, so the
+    # output shape is unknown when the folder meets it: it must bound the size from the input values.
+    monkeypatch.setenv(MAX_ELEMENTS_ENV, str(10**6))
+    model = constant_of_shape_model([1] * 5000 + [4000, 4000])
+    tracemalloc.start()
+    try:
+        with pytest.raises(TensorTooLargeError, match="16,000,000 elements"):
+            from_onnx(model)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 << 20, f"allocated {peak} bytes before refusing"
+
+
+def test_limit_can_be_raised(monkeypatch):
+    monkeypatch.setenv(MAX_ELEMENTS_ENV, "10")
+    with pytest.raises(TensorTooLargeError):
+        from_onnx(constant_of_shape_model([4, 4]))
+    monkeypatch.setenv(MAX_ELEMENTS_ENV, "100")
+    g = from_onnx(constant_of_shape_model([4, 4]))
+    assert g.types["flat"].shape == (16,)
+
+
+def test_bad_limit_is_a_user_error(monkeypatch):
+    monkeypatch.setenv(MAX_ELEMENTS_ENV, "lots")
+    with pytest.raises(XrlError, match=MAX_ELEMENTS_ENV):
+        from_onnx(constant_of_shape_model([4, 4]))
+
+
+@pytest.fixture()
+def relu_file(tmp_path: Path):
+    def make(dims) -> Path:
+        p = tmp_path / "relu.onnx"
+        onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])],
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], []), p)
+        return p
+    return make
