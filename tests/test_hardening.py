@@ -95,3 +95,42 @@ def relu_file(tmp_path: Path):
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], []), p)
         return p
     return make
+
+
+# ----- item 2: huge dimensions are user errors naming the input, before any allocation -------------
+def test_huge_input_dim_in_file(capsys, relu_file, tmp_path):
+    code, _, err = run(capsys, "optimize", str(relu_file([1000000000, 8])), "--search", "none",
+                       "-o", str(tmp_path / "out.onnx"))
+    assert_user_error(code, err, "input 'x'", "8,000,000,000 elements")
+
+
+@pytest.mark.parametrize("shape", ["1000000000,8", "99999999999999999999999,8"])
+def test_huge_input_shape_option(capsys, relu_file, shape):
+    code, _, err = run(capsys, "info", str(relu_file(["n", 8])), "--input-shape", f"x={shape}")
+    assert_user_error(code, err, "input 'x'", shape)
+
+
+def test_huge_hlo_parameter(capsys, tmp_path):
+    p = tmp_path / "huge.hlo"
+    p.write_text("HloModule m\n\nENTRY main {\n  x = f32[1000000000] parameter(0)\n  c = f32[] constant(0)\n"
+                 "  b = f32[1000000000] broadcast(c), dimensions={}\n  ROOT y = f32[1000000000] maximum(x, b)\n}\n")
+    code, _, err = run(capsys, "optimize", str(p), "--search", "none", "-o", str(tmp_path / "o.onnx"))
+    assert_user_error(code, err, "line 4", "parameter 'x'", "1,000,000,000 elements")
+
+
+def test_hlo_dimension_with_thousands_of_digits(capsys, tmp_path):
+    p = tmp_path / "digits.hlo"
+    p.write_text("HloModule m\n\nENTRY main {\n  ROOT x = f32[" + "9" * 5000 + "] parameter(0)\n}\n")
+    code, _, err = run(capsys, "info", str(p))
+    assert_user_error(code, err, "line 4", "5000 digits")
+
+
+def test_memory_error_is_a_user_error(capsys, monkeypatch, relu_file):
+    import xrl.cli.commands as commands
+
+    def boom(*a, **k):
+        raise MemoryError("Unable to allocate 7.45 GiB")
+    monkeypatch.setattr(commands, "load_model", boom, raising=False)
+    monkeypatch.setattr("xrl.frontends.loader.load_model", boom)
+    code, _, err = run(capsys, "info", str(relu_file([2])))
+    assert_user_error(code, err, "out of memory")

@@ -63,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except MemoryError as e:  # past every size check (a raised XRL_MAX_ELEMENTS): still the user's model
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"xrl: error: out of memory ({e or 'MemoryError'}); the model is too large for this "
+                         f"machine: lower XRL_MAX_ELEMENTS or the input shapes\n")
+        return 2
     except SystemExit:
         raise
     except Exception as e:  # a bug in xrl, not a user error: still one line unless --debug

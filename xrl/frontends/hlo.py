@@ -14,8 +14,9 @@ from pathlib import Path
 
 from xrl.errors import InvalidGraphError, ModelLoadError
 from xrl.frontends.hlo_lower import XLA_DOMAIN, lower_module
-from xrl.frontends.hlo_parse import HloSyntaxError, parse_module
+from xrl.frontends.hlo_parse import ArrayShape, HloSyntaxError, Module, parse_module
 from xrl.ir import Graph
+from xrl.limits import check_shape
 
 __all__ = ["XLA_DOMAIN", "load_hlo", "looks_like_hlo", "parse_hlo"]
 
@@ -60,6 +61,7 @@ def _parse(text: str, *, name: str | None, source: str) -> Graph:
         module = parse_module(text)
     except HloSyntaxError as e:
         raise ModelLoadError(f"{source}: {e}") from None
+    _check_sizes(module, source)
     try:
         return lower_module(module, name or module.name or "hlo")
     except ModelLoadError as e:
@@ -67,3 +69,24 @@ def _parse(text: str, *, name: str | None, source: str) -> Graph:
     except InvalidGraphError as e:
         raise ModelLoadError(f"{source}: the module lowers to an inconsistent graph ({e}); "
                              f"please report it with the HLO file") from None
+
+
+def _check_sizes(module: Module, source: str) -> None:
+    """Every array an instruction declares is within xrl's element limit, checked before lowering
+    allocates anything (a parameter or broadcast of 10^9 elements is a user error, not a MemoryError)."""
+    for comp in module.computations.values():
+        for ins in comp.instructions:
+            stack = [ins.shape]
+            while stack:  # tuples nest: walk them without recursion
+                shape = stack.pop()
+                if isinstance(shape, ArrayShape):
+                    what = "parameter" if ins.opcode == "parameter" else "instruction"
+                    check_shape(shape.dims, f"{source}: line {ins.line}: {what} {ins.name!r} of computation "
+                                            f"{comp.name!r}", itemsize=_itemsize(shape.dtype))
+                else:
+                    stack.extend(shape.elements)
+
+
+def _itemsize(hlo_dtype: str) -> int:
+    digits = "".join(c for c in hlo_dtype if c.isdigit())
+    return max(int(digits) // 8, 1) if digits else 1

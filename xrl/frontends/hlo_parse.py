@@ -401,7 +401,7 @@ class _Parser:
         m = _ARRAY_SHAPE.match(self.text, self.pos)
         if m:
             dtype = m.group(1)
-            dims = [int(d.strip().removeprefix("<=")) for d in m.group(2).split(",") if d.strip()]
+            dims = [self._dim(d.strip().removeprefix("<=")) for d in m.group(2).split(",") if d.strip()]
             self.pos = m.end()
         else:
             dtype, dims = self._slow_array_shape()
@@ -411,6 +411,12 @@ class _Parser:
             minor_to_major = layout_text.split(":")[0]
             layout = tuple(int(t) for t in re.findall(r"\d+", minor_to_major))
         return ArrayShape(dtype, tuple(dims), layout)
+
+    def _dim(self, digits: str) -> int:
+        if len(digits) > 18:  # past int64, and past what int() converts quickly for a hostile file
+            raise HloSyntaxError(self.line(), f"dimension {digits[:20]}... has {len(digits)} digits; "
+                                              f"no real shape is that large")
+        return int(digits)
 
     def _slow_array_shape(self) -> tuple[str, list[int]]:
         """An array shape token by token, for good error messages (and `?` dims)."""
@@ -425,7 +431,7 @@ class _Parser:
                     raise self.error("a dimension size")
                 if m.group(0) == "?":
                     raise HloSyntaxError(self.line(), "unbounded dynamic dimension '?': xrl needs static shapes")
-                dims.append(int(m.group(2)))  # `<=N` (bounded dynamic) reads as its bound N
+                dims.append(self._dim(m.group(2)))  # `<=N` (bounded dynamic) reads as its bound N
                 self.pos = m.end()
                 if self.accept("]"):
                     break
