@@ -134,3 +134,60 @@ def test_memory_error_is_a_user_error(capsys, monkeypatch, relu_file):
     monkeypatch.setattr("xrl.frontends.loader.load_model", boom)
     code, _, err = run(capsys, "info", str(relu_file([2])))
     assert_user_error(code, err, "out of memory")
+
+
+# ----- item 3: HLO nesting and recursion ---------------------------------------------------------
+def _hlo(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "m.hlo"
+    p.write_text(text)
+    return str(p)
+
+
+def test_hlo_tuple_nested_5000_deep(capsys, tmp_path):
+    d = 5000
+    p = _hlo(tmp_path, "HloModule m\n\nENTRY main {\n  ROOT x = " + "(" * d + "f32[2]" + ")" * d + " parameter(0)\n}\n")
+    code, _, err = run(capsys, "info", p)
+    assert_user_error(code, err, "line 4", "nested more than")
+
+
+def test_hlo_inline_bodies_nested_deep(capsys, tmp_path):
+    d = 3000
+    body = "".join(f"call(x), to_apply={{ a{i} = f32[2] parameter(0)\n ROOT b{i} = f32[2] " for i in range(d))
+    p = _hlo(tmp_path, "HloModule m\n\nENTRY main {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] " + body
+             + "negate(a)" + "}" * d + "\n}\n")
+    code, _, err = run(capsys, "info", p)
+    assert_user_error(code, err, "nested more than")
+
+
+@pytest.mark.parametrize(("f_calls", "cycle"), [("f", "f -> f"), ("g", "f -> g -> f")])
+def test_hlo_recursive_computation(capsys, tmp_path, f_calls, cycle):
+    p = _hlo(tmp_path, f"""HloModule m
+
+f {{
+  a = f32[2] parameter(0)
+  ROOT r = f32[2] call(a), to_apply={f_calls}
+}}
+
+g {{
+  a = f32[2] parameter(0)
+  ROOT r = f32[2] call(a), to_apply=f
+}}
+
+ENTRY main {{
+  x = f32[2] parameter(0)
+  ROOT y = f32[2] call(x), to_apply=f
+}}
+""")
+    code, _, err = run(capsys, "info", p)
+    assert_user_error(code, err, "recursive", cycle)
+
+
+def test_hlo_call_chain_too_deep(capsys, tmp_path):
+    n = 3000
+    comps = [f"f{i} {{\n  a = f32[2] parameter(0)\n  ROOT r = f32[2] call(a), to_apply=f{i + 1}\n}}\n"
+             for i in range(n - 1)]
+    comps.append(f"f{n - 1} {{\n  a = f32[2] parameter(0)\n  ROOT r = f32[2] negate(a)\n}}\n")
+    p = _hlo(tmp_path, "HloModule m\n\n" + "\n".join(comps)
+             + "\nENTRY main {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] call(x), to_apply=f0\n}\n")
+    code, _, err = run(capsys, "info", p)
+    assert_user_error(code, err, "nested calls")

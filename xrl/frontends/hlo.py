@@ -14,7 +14,15 @@ from pathlib import Path
 
 from xrl.errors import InvalidGraphError, ModelLoadError
 from xrl.frontends.hlo_lower import XLA_DOMAIN, lower_module
-from xrl.frontends.hlo_parse import ArrayShape, HloSyntaxError, Module, parse_module
+from xrl.frontends.hlo_parse import (
+    _CALL_ATTRS,
+    MAX_NESTING,
+    ArrayShape,
+    HloSyntaxError,
+    Module,
+    attr_computations,
+    parse_module,
+)
 from xrl.ir import Graph
 from xrl.limits import check_shape
 
@@ -62,6 +70,7 @@ def _parse(text: str, *, name: str | None, source: str) -> Graph:
     except HloSyntaxError as e:
         raise ModelLoadError(f"{source}: {e}") from None
     _check_sizes(module, source)
+    _check_calls(module, source)
     try:
         return lower_module(module, name or module.name or "hlo")
     except ModelLoadError as e:
@@ -90,3 +99,39 @@ def _check_sizes(module: Module, source: str) -> None:
 def _itemsize(hlo_dtype: str) -> int:
     digits = "".join(c for c in hlo_dtype if c.isdigit())
     return max(int(digits) // 8, 1) if digits else 1
+
+
+def _check_calls(module: Module, source: str) -> None:
+    """HLO has no recursion: a computation that calls itself, directly or not, is refused, and call
+    chains are bounded, before lowering inlines them (recursively)."""
+    calls: dict[str, list[tuple[str, int]]] = {}
+    for comp in module.computations.values():
+        calls[comp.name] = [(c, ins.line) for ins in comp.instructions for key in _CALL_ATTRS
+                            if key in ins.attrs for c in attr_computations(ins.attrs[key])
+                            if c in module.computations]
+    depth: dict[str, int] = {}  # longest call chain below each finished computation
+    for root in calls:
+        if root in depth:
+            continue
+        path, on_path = [root], {root}
+        stack = [iter(calls[root])]
+        while stack:  # an iterative depth-first walk: the check itself must not recurse
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                done = path.pop()
+                on_path.discard(done)
+                stack.pop()
+                depth[done] = 1 + max((depth[c] for c, _ in calls[done]), default=0)
+                continue
+            callee, line = nxt
+            if callee in on_path:
+                cycle = " -> ".join([*path[path.index(callee):], callee])
+                raise ModelLoadError(f"{source}: line {line}: computation {path[-1]!r} calls {callee!r}, which is "
+                                     f"already being called ({cycle}); HLO computations cannot be recursive")
+            if callee not in depth:
+                path.append(callee)
+                on_path.add(callee)
+                stack.append(iter(calls[callee]))
+        if depth[root] > MAX_NESTING:
+            raise ModelLoadError(f"{source}: computation {root!r} starts a chain of {depth[root]} nested calls; "
+                                 f"xrl inlines at most {MAX_NESTING}")

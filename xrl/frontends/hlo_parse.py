@@ -109,6 +109,9 @@ _INLINE_BODY = re.compile(r"\{\s*(ROOT\s+)?%?[A-Za-z_][\w.\-]*\s*=")
 # Sections of source locations that new XLA dumps put between the header and the computations.
 _STACK_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 # Attributes that name called computations (an inline `{...}` body is parsed in their place).
+# Nesting xrl follows (tuple shapes, inline bodies); real modules stay in single digits, and a bound
+# keeps a hostile file from exhausting Python's stack.
+MAX_NESTING = 100
 _CALL_ATTRS = ("to_apply", "calls", "condition", "body", "select", "scatter", "branch_computations",
                "called_computations", "true_computation", "false_computation")
 
@@ -125,6 +128,7 @@ class _Parser:
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.computations: dict[str, Computation] = {}
         self._anonymous = 0
+        self._depth = 0  # tuple shapes and inline bodies open now
 
     # ----- low-level scanning -----
     def line(self, pos: int | None = None) -> int:
@@ -379,7 +383,9 @@ class _Parser:
             self.expect("=", f"'=' after attribute {key!r}")
             if key in _CALL_ATTRS and self.peek("{") and self._inline_body_ahead():
                 # The canonical printer inlines called computations: `to_apply={ x = ... }`.
+                self._enter("inline computation bodies")
                 attrs[key] = self.computation(name=self._fresh_computation_name(f"{owner}.{key}")).name
+                self._depth -= 1
             else:
                 attrs[key] = self.balanced()
         return attrs
@@ -388,8 +394,15 @@ class _Parser:
         # `calls={%a, %b}` lists names; an inline body holds `name = ...` instructions.
         return _INLINE_BODY.match(self.text, self.pos) is not None
 
+    def _enter(self, what: str) -> None:
+        self._depth += 1
+        if self._depth > MAX_NESTING:
+            raise HloSyntaxError(self.line(), f"{what} nested more than {MAX_NESTING} deep; xrl does not "
+                                              f"read modules nested that deeply")
+
     def shape(self) -> Shape:
         if self.accept("("):
+            self._enter("tuple shapes")
             elements: list[Shape] = []
             if not self.accept(")"):
                 while True:
@@ -397,6 +410,7 @@ class _Parser:
                     if self.accept(")"):
                         break
                     self.expect(",", "',' or ')' in a tuple shape")
+            self._depth -= 1
             return TupleShape(tuple(elements))
         m = _ARRAY_SHAPE.match(self.text, self.pos)
         if m:
