@@ -49,6 +49,10 @@ class UserError(Exception):
     """A bad option: one line on stderr, exit 2."""
 
 
+class PeerError(RuntimeError):
+    """A variant could not be made; its message is the note, without a type name."""
+
+
 @dataclass
 class Variant:
     name: str
@@ -83,7 +87,7 @@ class Result:
 def one_line(exc: BaseException | str) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if text else ""
-    name = "" if isinstance(exc, str) else type(exc).__name__ + ": "
+    name = "" if isinstance(exc, (str, PeerError)) else type(exc).__name__ + ": "
     return (name + line)[:240]
 
 
@@ -118,7 +122,7 @@ def make_onnxsim(src: Path, dst: Path) -> None:
     with quiet():
         model, ok = onnxsim.simplify(onnx.load(str(src)))
     if not ok:
-        raise RuntimeError("onnxsim's own check failed")
+        raise PeerError("onnxsim's own check failed")
     onnx.save(model, str(dst))
 
 
@@ -146,15 +150,15 @@ def make_xrl(src: Path, dst: Path, time_limit: float, seed: int) -> dict:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=time_limit + 900)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"xrl optimize did not finish within {time_limit + 900:.0f} s") from None
+        raise PeerError(f"xrl optimize did not finish within {time_limit + 900:.0f} s") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise RuntimeError(f"xrl optimize exit {proc.returncode}: {lines[-1].strip() if lines else '(no message)'}")
+        raise PeerError(f"xrl optimize exit {proc.returncode}: {lines[-1].strip() if lines else '(no message)'}")
     report = parse_json(proc.stdout)
     if report.get("verified") is False:
-        raise RuntimeError(f"xrl optimize reports verified=false (max_abs_err {report.get('max_abs_err')})")
+        raise PeerError(f"xrl optimize reports verified=false (max_abs_err {report.get('max_abs_err')})")
     if not dst.exists():
-        raise RuntimeError("xrl optimize exited 0 but wrote no file")
+        raise PeerError("xrl optimize exited 0 but wrote no file")
     return report
 
 
