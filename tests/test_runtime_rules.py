@@ -58,6 +58,9 @@ CASES = {
     "pad_maxpool": (_model([h.make_node("Pad", ["x", "p", "v"], ["t"]),
                             h.make_node("MaxPool", ["t"], ["y"], kernel_shape=[3, 3], strides=[2, 2])],
                            {"p": _i64(0, 0, 0, 0, 0, 0, 1, 1), "v": NEG_INF}), "Pad", "fold_pad_maxpool", "Pad"),
+    "relu_pad_maxpool": (_model([h.make_node("Relu", ["x"], ["r"]), h.make_node("Pad", ["r", "p"], ["t"]),
+                                 h.make_node("MaxPool", ["t"], ["y"], kernel_shape=[3, 3], strides=[2, 2])],
+                                {"p": _i64(0, 0, 1, 1, 0, 0, 1, 1)}), "Pad", "fold_pad_relu_maxpool", "Pad"),
     "expand_add": (_model([h.make_node("Expand", ["z", "s"], ["t"]), h.make_node("Add", ["x", "t"], ["y"])],
                           {"s": _i64(*X)}, {"z": (8, 1, 1)}), "Expand", "remove_expand_Add", "Expand"),
     "expand_sub_rhs": (_model([h.make_node("Expand", ["z", "s"], ["t"]), h.make_node("Sub", ["x", "t"], ["y"])],
@@ -188,3 +191,19 @@ def test_exported_model_loses_every_pad(engine: RewriteEngine) -> None:
     assert ort_optimized_ops(out, LEVELS["all"])["Pad"] == 0
     feeds = random_feeds(model)
     np.testing.assert_allclose(ort_run(model, feeds)[0], ort_run(out, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_keras_style_stem_folds_after_the_relu_is_fused(engine: RewriteEngine) -> None:
+    """Conv, Relu, ZeroPadding2D, MaxPooling2D (Keras' ResNet50 stem), the Relu also feeding a second branch:
+    the zero Pad still folds once the Relu is fused into the Conv, and the Conv's other consumer is kept."""
+    model = _model([h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+                    h.make_node("Pad", ["r", "p"], ["t"]),
+                    h.make_node("MaxPool", ["t"], ["m"], kernel_shape=[3, 3], strides=[2, 2]),
+                    h.make_node("ReduceMean", ["r"], ["s"], axes=[2, 3]), h.make_node("Add", ["m", "s"], ["y"])],
+                   {"w": _f32(8, 8, 3, 3), "p": PADS})
+    assert ort_optimized_ops(model, LEVELS["all"])["Pad"] == 1
+    g = apply_rule(engine, from_onnx(model), "fuse_conv_Relu")
+    g = apply_rule(engine, g, "fold_pad_conv_relu_maxpool")
+    assert Counter(n.op for n in g.nodes.values())["Pad"] == 0
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(ort_run(model, feeds)[0], ort_run(to_onnx(g), feeds)[0], rtol=1e-5, atol=1e-5)
