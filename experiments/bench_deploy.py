@@ -67,6 +67,7 @@ class Variant:
 @dataclass
 class Timing:
     median_ms: float
+    rounds_ms: list[float] = field(default_factory=list)  # the median of each round's runs
     speedup: float | None = None
     lo: float | None = None
     hi: float | None = None
@@ -280,20 +281,34 @@ def time_result(result: Result, threads: str, args, bar) -> dict[str, Timing]:
             per_round[name].append(float(np.median(times)))
         bar.update(1)
     del sessions
-    base = np.array(per_round["original"])
-    boot = np.random.default_rng(args.seed)
     out = {}
     for name, times in per_round.items():
-        t = np.array(times)
-        timing = Timing(median_ms=1e3 * float(np.median(t)))
+        timing = Timing(median_ms=1e3 * float(np.median(times)), rounds_ms=[1e3 * t for t in times])
         if name != "original":
-            ratios = base / t
-            idx = boot.integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
-            medians = np.median(ratios[idx], axis=1)
-            timing.speedup = float(np.median(ratios))
-            timing.lo, timing.hi = (float(x) for x in np.percentile(medians, [2.5, 97.5]))
+            timing.speedup, timing.lo, timing.hi = ratio_interval(per_round["original"], times, args.seed)
         out[name] = timing
     return out
+
+
+def ratio_interval(num: list[float], den: list[float], seed: int) -> tuple[float, float, float]:
+    """Median over rounds of num/den and a 95% percentile-bootstrap interval of that median."""
+    ratios = np.array(num) / np.array(den)
+    idx = np.random.default_rng(seed).integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
+    lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(lo), float(hi)
+
+
+def versus_best_peer(res: Result, threads: str, seed: int) -> str:
+    """xrl against the fastest peer that matched the original (per round: peer time / xrl time)."""
+    timings = res.timings.get(threads, {})
+    xrl = timings.get("xrl")
+    peers = [p for p in ("onnxslim", "onnx-simplifier", "ort-transformers")
+             if p in timings and timings[p].speedup is not None]
+    if xrl is None or not peers:
+        return "—"
+    best = max(peers, key=lambda p: timings[p].speedup)
+    ratio, lo, hi = ratio_interval(timings[best].rounds_ms, xrl.rounds_ms, seed)
+    return f"{ratio:.3f} [{lo:.3f}, {hi:.3f}] vs {best}"
 
 
 def verdict(xrl: Timing | None, aa: Timing | None) -> str:
@@ -347,10 +362,12 @@ def markdown(results: list[Result], args, threads_list: list[str], elapsed_s: fl
         "Cells: speed-up over the original (original time / variant time, median over rounds) and its 95% "
         "percentile-bootstrap interval over rounds. `A/A` is a second session of the identical file: its "
         "interval is the noise floor. FAILED: see the notes. `xrl est.` is the speed-up `xrl optimize` reported. "
-        "Verdict: xrl's interval against the A/A interval widened to include 1.",
+        "Verdict: xrl's interval against the A/A interval widened to include 1. `xrl vs best peer`: per-round "
+        "time of the fastest peer (by median speed-up) over xrl's time (above 1: xrl is faster), same interval.",
         "",
-        "| model | exporter | threads | original ms | " + " | ".join(PEERS) + " | xrl est. | xrl verdict |",
-        "|---|---|---|---:|" + "---:|" * len(PEERS) + "---:|---|",
+        "| model | exporter | threads | original ms | " + " | ".join(PEERS)
+        + " | xrl est. | xrl verdict | xrl vs best peer |",
+        "|---|---|---|---:|" + "---:|" * len(PEERS) + "---:|---|---:|",
     ]
     for threads in threads_list:
         for res in results:
@@ -364,7 +381,8 @@ def markdown(results: list[Result], args, threads_list: list[str], elapsed_s: fl
                 f"| {res.model} | {res.exporter} | {threads} | {orig.median_ms:.2f} | " if orig else
                 f"| {res.model} | {res.exporter} | {threads} | | ")
             lines[-1] += " | ".join(cell(res, threads, p) for p in PEERS)
-            lines[-1] += f" | {est_s} | {verdict(timings.get('xrl'), timings.get('A/A'))} |"
+            lines[-1] += f" | {est_s} | {verdict(timings.get('xrl'), timings.get('A/A'))} | "
+            lines[-1] += f"{versus_best_peer(res, threads, args.seed)} |"
         for label, keep in (("transformers", dm.TRANSFORMERS), ("all models", dm.MODELS)):
             gm = []
             for p in PEERS:
@@ -372,7 +390,7 @@ def markdown(results: list[Result], args, threads_list: list[str], elapsed_s: fl
                         if r.error is None and r.model in keep and threads in r.timings and p in r.timings[threads]
                         and r.timings[threads][p].speedup is not None]
                 gm.append(geomean(vals))
-            lines.append(f"| **geomean, {label}** | | {threads} | | " + " | ".join(gm) + " | | |")
+            lines.append(f"| **geomean, {label}** | | {threads} | | " + " | ".join(gm) + " | | | |")
     lines += ["", "Node counts of the written files:", "",
               "| model | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A") + " |",
               "|---|---|" + "---:|" * (len(VARIANTS) - 1)]
@@ -394,7 +412,7 @@ def markdown(results: list[Result], args, threads_list: list[str], elapsed_s: fl
 
 
 CSV_FIELDS = ("model", "exporter", "threads", "variant", "status", "error", "max_abs_err", "nodes", "median_ms",
-              "speedup", "ci_lo", "ci_hi", "xrl_estimated_speedup", "make_s", "ops")
+              "speedup", "ci_lo", "ci_hi", "xrl_estimated_speedup", "make_s", "rounds_ms", "ops")
 
 
 def csv_rows(results: list[Result], threads_list: list[str]) -> list[dict]:
@@ -416,6 +434,7 @@ def csv_rows(results: list[Result], threads_list: list[str]) -> list[dict]:
                     "ci_hi": f"{t.hi:.4f}" if t and t.hi is not None else "",
                     "xrl_estimated_speedup": var.extra.get("speedup", "") if var.name == "xrl" else "",
                     "make_s": f"{var.extra['make_s']:.1f}" if "make_s" in var.extra else "",
+                    "rounds_ms": ";".join(f"{x:.3f}" for x in t.rounds_ms) if t else "",
                     "ops": var.ops,
                 })
     return rows
