@@ -191,3 +191,41 @@ def test_hlo_call_chain_too_deep(capsys, tmp_path):
              + "\nENTRY main {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] call(x), to_apply=f0\n}\n")
     code, _, err = run(capsys, "info", p)
     assert_user_error(code, err, "nested calls")
+
+
+# ----- item 6: --json prints exactly one JSON document on stdout ----------------------------------
+def two_matmul_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    ws = [numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), f"w{i}") for i in (1, 2)]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+             helper.make_node("MatMul", ["x", "w2"], ["b"], name="mm2"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], ws)
+
+
+def test_json_output_is_one_document_with_tensat(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    p = tmp_path / "m.onnx"
+    onnx.save(two_matmul_model(), p)
+    proc = subprocess.run([sys.executable, "-m", "xrl", "optimize", str(p), "--search", "tensat", "--json",
+                           "--time-limit", "5", "-o", str(tmp_path / "o.onnx")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # the HiGHS banner used to come first
+    assert doc["verified"] is True
+    assert "HiGHS" not in proc.stderr
+
+
+def test_stdout_reserved_moves_native_writes_to_stderr(capfd):
+    import os
+
+    from xrl.quiet import native_stdout_silenced
+
+    with native_stdout_silenced():
+        os.write(1, b"banner\n")
+    out, _ = capfd.readouterr()
+    assert "banner" not in out

@@ -52,7 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        from xrl.cli import output
+        from xrl.quiet import stdout_reserved
+
+        # --json: stdout carries the one document; whatever else would print there goes to stderr.
+        with stdout_reserved(bool(getattr(args, "json", False))) as out:
+            output.JSON_OUT = out
+            try:
+                return int(args.func(args) or 0)
+            finally:
+                output.JSON_OUT = None
     except XrlError as e:
         if debug:
             traceback.print_exc()

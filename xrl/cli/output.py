@@ -6,12 +6,16 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
+
+JSON_OUT: TextIO | None = None  # the real stdout while a --json command runs (xrl.cli.main)
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=_jsonable, allow_nan=True)
-    sys.stdout.write("\n")
+    out = JSON_OUT or sys.stdout
+    json.dump(obj, out, indent=2, default=_jsonable, allow_nan=True)
+    out.write("\n")
+    out.flush()
 
 
 def _jsonable(o: Any) -> Any:

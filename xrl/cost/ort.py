@@ -27,6 +27,7 @@ from xrl.cost.devices import DEVICE_PROFILES
 from xrl.cost.timing import check_counts, time_callable
 from xrl.errors import ConfigError, XrlError
 from xrl.ir import Graph, Node
+from xrl.quiet import quiet_onnxruntime
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -99,6 +100,7 @@ class OrtCostModel(WholeGraphCostModel):
 
         from xrl.frontends.onnx_io import brief_error, to_onnx
 
+        quiet_onnxruntime()
         so = ort.SessionOptions()
         so.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

@@ -22,6 +22,7 @@ from xrl.errors import DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
 from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, save_onnx
 from xrl.ir import Graph
+from xrl.quiet import quiet_onnxruntime
 
 # Integer inputs not read as Gather indices draw from [0, 2): valid as an index into any non-empty
 # axis of size >= 2, and as a 0/1 mask.
@@ -130,6 +131,7 @@ def random_feeds(model_or_graph: onnx.ModelProto | Graph, seed: int) -> dict[str
 def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str = "model"):
     import onnxruntime as ort
 
+    quiet_onnxruntime()
     so = ort.SessionOptions()
     so.intra_op_num_threads = os.cpu_count() or 1
     so.log_severity_level = 3  # errors only

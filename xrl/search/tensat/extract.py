@@ -28,6 +28,7 @@ largest e-node cost, so that its absolute tolerances are meaningful for microsec
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xrl.errors import XrlError
+from xrl.quiet import native_stdout_silenced
 
 
 class ExtractionError(XrlError):
@@ -194,8 +196,10 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, warm_st
     eps = 1.0 / (len(classes) + 1)
     scale = max((n.cost for n in nodes), default=1.0) or 1.0
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(__import__("os").environ.get("XRL_HIGHS_LOG")))
+    log = bool(os.environ.get("XRL_HIGHS_LOG"))
+    with native_stdout_silenced(keep=log):  # the constructor prints HiGHS's banner on fd 1
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", log)
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     h.setOptionValue("random_seed", 0)
     if threads is not None:
