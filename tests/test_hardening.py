@@ -229,3 +229,26 @@ def test_stdout_reserved_moves_native_writes_to_stderr(capfd):
         os.write(1, b"banner\n")
     out, _ = capfd.readouterr()
     assert "banner" not in out
+
+
+# ----- item 9: unknown HLO ops are named at load time and in verification failures -----------------
+FROB_HLO = "HloModule m\n\nENTRY main {\n  x = f32[4] parameter(0)\n  y = f32[4] frobnicate(x)\n" \
+           "  ROOT z = f32[4] add(y, x)\n}\n"
+
+
+def test_unknown_hlo_op_warned_at_load(tmp_path):
+    from xrl.errors import XrlWarning
+    from xrl.frontends.hlo import parse_hlo
+
+    with pytest.warns(XrlWarning, match=r"unknown HLO op 'frobnicate' \(line 5, %y\)"):
+        parse_hlo(FROB_HLO)
+
+
+def test_unknown_hlo_op_cli_warning_and_verification_error(capsys, tmp_path):
+    p = _hlo(tmp_path, FROB_HLO)
+    code, _, err = run(capsys, "cost", p)
+    assert code == 0
+    assert err.strip().startswith("xrl: warning:") and "frobnicate" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "optimize", p, "-o", str(tmp_path / "o.onnx"))
+    assert code == 2
+    assert "xrl: error:" in err and "node 'y' is op 'frobnicate'" in err

@@ -35,3 +35,8 @@ class VerificationError(XrlError):
 
 class ConfigError(XrlError):
     """A name or option xrl does not know (a cost model, a device, a setting): the message lists the valid ones."""
+
+
+class XrlWarning(UserWarning):
+    """Something xrl can go on with but the user should know (an op it does not understand): the CLI
+    prints it as one line, `xrl: warning: ...`, on stderr."""

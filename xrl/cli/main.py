@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
-from xrl.errors import XrlError
+from xrl.errors import XrlError, XrlWarning
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,9 +47,17 @@ def _optional_command_modules() -> list:
     return mods
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    if issubclass(category, XrlWarning):  # xrl's own warnings: one line, like its errors
+        (file or sys.stderr).write(f"xrl: warning: {message}\n")
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    warnings.showwarning = _show_warning
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -9,10 +9,11 @@ public face and turns every failure into a ModelLoadError naming the source and 
 from __future__ import annotations
 
 import re
+import warnings
 from os import PathLike
 from pathlib import Path
 
-from xrl.errors import InvalidGraphError, ModelLoadError
+from xrl.errors import InvalidGraphError, ModelLoadError, XrlWarning
 from xrl.frontends.hlo_lower import XLA_DOMAIN, lower_module
 from xrl.frontends.hlo_parse import (
     _CALL_ATTRS,
@@ -71,6 +72,7 @@ def _parse(text: str, *, name: str | None, source: str) -> Graph:
         raise ModelLoadError(f"{source}: {e}") from None
     _check_sizes(module, source)
     _check_calls(module, source)
+    _warn_unknown_ops(module, source)
     try:
         return lower_module(module, name or module.name or "hlo")
     except ModelLoadError as e:
@@ -135,3 +137,40 @@ def _check_calls(module: Module, source: str) -> None:
         if depth[root] > MAX_NESTING:
             raise ModelLoadError(f"{source}: computation {root!r} starts a chain of {depth[root]} nested calls; "
                                  f"xrl inlines at most {MAX_NESTING}")
+
+
+# Every opcode XLA's HLO printer writes (xla/hlo/ir/hlo_opcode.h); anything else is a typo or a
+# foreign extension, which xrl can only keep as an opaque node.
+XLA_OPCODES = frozenset("""
+abs add add-dependency after-all all-gather all-gather-done all-gather-start all-reduce all-reduce-done
+all-reduce-start all-to-all and async-done async-start async-update atan2 batch-norm-grad batch-norm-inference
+batch-norm-training bitcast bitcast-convert broadcast call cbrt ceil cholesky clamp clz collective-broadcast
+collective-permute collective-permute-done collective-permute-start compare complex concatenate conditional constant
+convert convolution copy copy-done copy-start cosine custom-call divide domain dot dynamic-reshape dynamic-slice
+dynamic-update-slice erf exponential exponential-minus-one fft floor fusion gather get-dimension-size
+get-tuple-element imag infeed iota is-finite log log-plus-one logistic map maximum minimum multiply negate not
+opt-barrier optimization-barrier or outfeed pad parameter partition-id popcnt power ragged-all-to-all real recv
+recv-done reduce reduce-precision reduce-scatter reduce-window remainder replica-id reshape reverse rng
+rng-bit-generator rng-get-and-update-state round-nearest-afz round-nearest-even rsqrt scatter select
+select-and-scatter send send-done set-dimension-size shift-left shift-right-arithmetic shift-right-logical sign
+sine slice sort sqrt stochastic-convert subtract tan tanh topk transpose triangular-solve tuple while xor
+""".split())
+
+
+def _warn_unknown_ops(module: Module, source: str) -> None:
+    """One warning naming every opcode XLA does not have (with its first line): such a node is
+    costed as a guess, never rewritten, and onnxruntime cannot run it, so verification will fail."""
+    first: dict[str, tuple[int, str]] = {}
+    count: dict[str, int] = {}
+    for comp in module.computations.values():
+        for ins in comp.instructions:
+            if ins.opcode not in XLA_OPCODES:
+                first.setdefault(ins.opcode, (ins.line, ins.name))
+                count[ins.opcode] = count.get(ins.opcode, 0) + 1
+    if not first:
+        return
+    ops = ", ".join(f"{op!r} (line {line}, %{name}{f', {count[op]} uses' if count[op] > 1 else ''})"
+                    for op, (line, name) in sorted(first.items(), key=lambda kv: kv[1]))
+    warnings.warn(f"{source}: unknown HLO op{'s' if len(first) > 1 else ''} {ops}: kept as opaque, its cost is a "
+                  f"guess, and onnxruntime cannot run it, so `xrl optimize` cannot verify this model",
+                  XrlWarning, stacklevel=3)

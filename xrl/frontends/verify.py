@@ -143,7 +143,22 @@ def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str 
                 return ort.InferenceSession(str(path), so, providers=providers)
         return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
     except Exception as e:
+        foreign = _foreign_nodes(model)
+        if foreign:  # say which op it is, not just onnxruntime's "not a registered function/op"
+            names = ", ".join(f"node {n.name!r} is op {n.op_type!r} of domain {n.domain!r}" for n in foreign[:3])
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise VerificationError(f"onnxruntime cannot run the {role} {model.graph.name!r}: {names}{more}, which "
+                                    f"onnxruntime does not implement, so xrl cannot verify it "
+                                    f"({brief_error(e)})") from e
         raise VerificationError(f"onnxruntime cannot load the {role} {model.graph.name!r} ({brief_error(e)})") from e
+
+
+# Domains onnxruntime's CPU build implements; a node of any other (xla, a custom one) cannot run.
+_ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc"})
+
+
+def _foreign_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain not in _ORT_DOMAINS]
 
 
 def _run(session, feeds: Mapping[str, np.ndarray], role: str) -> list[np.ndarray]:
