@@ -19,6 +19,7 @@ the pooled node states.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -31,8 +32,12 @@ from torch_geometric.nn import (
     global_max_pool,
     global_mean_pool,
 )
+from torch_geometric.utils import scatter
 
 from xrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from xrl.features.incremental import IncrementalMeta
 
 ENCODERS = ("gat", "gatv2", "gin", "gcn")
 POOLINGS = ("mean", "sum", "max", "attention")
@@ -117,19 +122,155 @@ class GraphEncoder(nn.Module):
             return GINEConv(mlp(h, h, h), edge_dim=h)
         return GCNConv(h, h)
 
-    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor, batch: Tensor) -> Tensor:
-        num_graphs = u.size(0)
+    def _edges(self, h0: Tensor, edge_index: Tensor, edge_attr: Tensor) -> tuple[Tensor, Tensor]:
+        """Both edge directions [2, 2E] and their hidden features [2E, H] (after the edge update for gat)."""
         edge_index, edge_attr = with_reverse_edges(edge_index, edge_attr)
-        h = self.node_in(x)  # [N, H]
         e = self.edge_in(edge_attr)  # [2E, H]
-        g = self.global_in(u)  # [B, H]
         if self.edge_update is not None:
             src, dst = edge_index
-            e = e + self.edge_update(torch.cat([h[src], h[dst], e], dim=1))
-        for conv, norm in zip(self.convs, self.norms):
-            if self.cfg.kind == "gcn":
-                out = conv(h, edge_index)
-            else:
-                out = conv(h, edge_index, edge_attr=e)
-            h = norm(h + self.dropout(torch.relu(out)))
-        return self.readout(torch.cat([g, self.pool(h, batch, num_graphs)], dim=1))  # [B, H]
+            e = e + self.edge_update(torch.cat([h0[src], h0[dst], e], dim=1))
+        return edge_index, e
+
+    def _layer(self, i: int, h: Tensor, edge_index: Tensor, e: Tensor, deg: Tensor | None) -> Tensor:
+        """Message-passing layer i (residual, LayerNorm) on both-direction edges; `deg` [N]: GCN's node degrees."""
+        conv = self.convs[i]
+        if self.cfg.kind == "gcn":
+            out = gcn_propagate(conv, h, edge_index, deg)
+        else:
+            out = conv(h, edge_index, edge_attr=e)
+        return self.norms[i](h + self.dropout(torch.relu(out)))
+
+    def node_states(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> list[Tensor]:
+        """[h_0, h_1, ..., h_L], each [N, H]: every node's state after each layer (h_0 = node_in(x))."""
+        h = self.node_in(x)  # [N, H]
+        hs = [h]
+        edge_index, e = self._edges(h, edge_index, edge_attr)
+        deg = node_degree(edge_index, h.size(0)) if self.cfg.kind == "gcn" else None
+        for i in range(self.cfg.layers):
+            h = self._layer(i, h, edge_index, e, deg)
+            hs.append(h)
+        return hs
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor, batch: Tensor) -> Tensor:
+        num_graphs = u.size(0)
+        h = self.node_states(x, edge_index, edge_attr)[-1]
+        return self.readout(torch.cat([self.global_in(u), self.pool(h, batch, num_graphs)], dim=1))  # [B, H]
+
+    def encode_incremental(self, meta: IncrementalMeta) -> tuple[Tensor, Tensor]:
+        """(state embeddings [S, H], candidate-region embeddings [R, H]) of an `IncrementalMeta`.
+
+        The states are encoded whole; each candidate only where it differs (xrl.features.incremental):
+        a local node k of level l_k is recomputed at layers l >= l_k and reads the state's h_l elsewhere,
+
+            h_l[k] = layer_l(h_{l-1}, local edges)[k]   if l >= l_k,   else   H_l[prow[k]]
+
+        which equals encoding the candidate whole, since nothing farther than L hops from its change
+        can differ. The candidate's pooled states are the state's, less the replaced rows, plus the region's.
+        """
+        g = meta.graphs
+        num_states = g.num_graphs
+        hs = self.node_states(g.x, g.edge_index, g.edge_attr)  # L + 1 of [N, H]
+        state_emb = self.readout(torch.cat([self.global_in(g.u), self.pool(hs[-1], g.batch, num_states)], dim=1))
+        if meta.num_regions == 0:
+            return state_emb, state_emb.new_zeros(0, state_emb.size(1))
+        prow = meta.loc_prow.clamp(min=0)  # [n]: parent row (read only where the level says so)
+        level = meta.loc_level.unsqueeze(-1)  # [n, 1]
+        x = g.x[prow]  # [n, F]
+        new_x = meta.loc_xnew >= 0
+        x[new_x] = meta.x_new[meta.loc_xnew[new_x]]
+        ea = meta.edge_attr_new.new_zeros(meta.loc_edge_index.size(1), meta.edge_attr_new.size(1))  # [e, D]
+        old_e = meta.loc_eid >= 0
+        ea[old_e] = g.edge_attr[meta.loc_eid[old_e]]
+        ea[~old_e] = meta.edge_attr_new[meta.loc_enew[~old_e]]
+        h = torch.where(level > 0, hs[0][prow], self.node_in(x))  # [n, H]
+        edge_index, e = self._edges(h, meta.loc_edge_index, ea)
+        for i in range(self.cfg.layers):
+            h = torch.where(level > i + 1, hs[i + 1][prow], self._layer(i, h, edge_index, e, meta.loc_deg))
+        pooled = self._pool_incremental(hs[-1], h, meta)  # [R, H]
+        return state_emb, self.readout(torch.cat([self.global_in(meta.region_u), pooled], dim=1))
+
+    def _pool_incremental(self, hs: Tensor, h: Tensor, meta: IncrementalMeta) -> Tensor:
+        """pool() of every candidate graph: the state's nodes less `replaced` rows, plus the region's nodes."""
+        g = meta.graphs
+        num_states, num_regions = g.num_graphs, meta.num_regions
+        inside = meta.loc_level <= self.cfg.layers  # [n]: the region proper (not its boundary)
+        h_in, reg_in = h[inside], meta.loc_region[inside]
+        kept = inside & (meta.loc_prow >= 0)  # region nodes that replace a row of the state
+        rep_row = torch.cat([meta.loc_prow[kept], meta.rem_row])  # [r]: rows the candidate drops or replaces
+        rep_reg = torch.cat([meta.loc_region[kept], meta.rem_region])
+        rs = meta.region_state
+        kind = self.cfg.pooling
+        if kind in ("sum", "mean"):
+            total = (scatter(hs, g.batch, 0, dim_size=num_states, reduce="sum")[rs]
+                     - scatter(hs[rep_row], rep_reg, 0, dim_size=num_regions, reduce="sum")
+                     + scatter(h_in, reg_in, 0, dim_size=num_regions, reduce="sum"))
+            return total / meta.region_count.unsqueeze(-1) if kind == "mean" else total
+        if kind == "max":
+            kept_max = _max_without(hs, g.ptr, rs, rep_row, rep_reg, num_regions)
+            return torch.maximum(kept_max, _scatter_max(h_in, reg_in, num_regions))
+        # attention: softmax-weighted sums, both sides shifted by one per-candidate maximum for stability
+        gate_nn = self.pool.attention.gate_nn
+        a = gate_nn(hs).squeeze(-1)  # [N]
+        a_in = gate_nn(h_in).squeeze(-1)  # [m]
+        m_s = _scatter_max(a.detach().unsqueeze(-1), g.batch, num_states).squeeze(-1)  # [S]
+        m_r = torch.maximum(m_s[rs], _scatter_max(a_in.detach().unsqueeze(-1), reg_in, num_regions).squeeze(-1))
+        w = (a - m_s[g.batch]).exp()
+        num_s = scatter(w.unsqueeze(-1) * hs, g.batch, 0, dim_size=num_states, reduce="sum")
+        den_s = scatter(w, g.batch, 0, dim_size=num_states, reduce="sum")
+        w_rep = w[rep_row]
+        scale = (m_s[rs] - m_r).exp()
+        w_in = (a_in - m_r[reg_in]).exp()
+        num = ((num_s[rs] - scatter(w_rep.unsqueeze(-1) * hs[rep_row], rep_reg, 0, dim_size=num_regions))
+               * scale.unsqueeze(-1) + scatter(w_in.unsqueeze(-1) * h_in, reg_in, 0, dim_size=num_regions))
+        den = ((den_s[rs] - scatter(w_rep, rep_reg, 0, dim_size=num_regions)) * scale
+               + scatter(w_in, reg_in, 0, dim_size=num_regions))
+        return num / (den.unsqueeze(-1) + 1e-16)
+
+
+def node_degree(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """[N] edges into each node (both directions already in `edge_index`: a node's degree)."""
+    return torch.bincount(edge_index[1], minlength=num_nodes).to(torch.float32)
+
+
+def gcn_propagate(conv: GCNConv, h: Tensor, edge_index: Tensor, deg: Tensor) -> Tensor:
+    """GCNConv's output with the degrees given, so that a subgraph's boundary nodes keep their true degree:
+
+        out_i = sum_{j in N(i) + i} (deg_i + 1)^-1/2 (deg_j + 1)^-1/2 W h_j + b     (self-loops of weight 1)
+    """
+    xw = conv.lin(h)  # [N, H]
+    dinv = (deg + 1.0).pow(-0.5)  # [N]
+    src, dst = edge_index
+    msg = xw[src] * (dinv[src] * dinv[dst]).unsqueeze(-1)  # [2E, H]
+    out = scatter(msg, dst, 0, dim_size=h.size(0), reduce="sum") + xw * (dinv * dinv).unsqueeze(-1)
+    return out + conv.bias if conv.bias is not None else out
+
+
+def _scatter_max(src: Tensor, index: Tensor, size: int) -> Tensor:
+    """[size, H] maximum of the rows of `src` [n, H] per index; -inf where an index has no row."""
+    out = src.new_full((size, src.size(1)), float("-inf"))
+    return out.scatter_reduce(0, index.unsqueeze(-1).expand_as(src), src, reduce="amax", include_self=True)
+
+
+def _max_without(hs: Tensor, ptr: Tensor, region_state: Tensor, rows: Tensor, regions: Tensor,
+                 num_regions: int) -> Tensor:
+    """[R, H]: per region, the maximum of its state's rows of `hs` except `rows` (those of its region).
+
+    Exact and small: per feature, the answer is among the state's top (excluded + 1) values.
+    """
+    out = hs.new_full((num_regions, hs.size(1)), float("-inf"))
+    counts = torch.bincount(regions, minlength=num_regions)
+    for s in torch.unique(region_state).tolist():
+        lo, hi = int(ptr[s]), int(ptr[s + 1])
+        regs = (region_state == s).nonzero().squeeze(-1)  # [R_s]
+        k = min(int(counts[regs].max()) + 1, hi - lo)
+        if k <= 0:
+            continue
+        vals, idx = hs[lo:hi].topk(k, dim=0)  # [k, H]
+        excluded = torch.zeros(regs.numel(), hi - lo, dtype=torch.bool, device=hs.device)  # [R_s, N_s]
+        local = torch.full((num_regions,), -1, dtype=torch.long, device=hs.device)
+        local[regs] = torch.arange(regs.numel(), device=hs.device)
+        mine = local[regions] >= 0
+        excluded[local[regions[mine]], rows[mine] - lo] = True
+        masked = vals.unsqueeze(0).masked_fill(excluded[:, idx], float("-inf"))  # [R_s, k, H]
+        out[regs] = masked.max(dim=1).values
+    return out

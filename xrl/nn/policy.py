@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from xrl.features.metagraph import CAND_DIM, STATE_DIM, MetaGraph
+from xrl.features.incremental import IncrementalFeatures, IncrementalMeta
+from xrl.features.metagraph import CAND_DIM, STATE_DIM, FeatureCache, MetaGraph
 from xrl.nn.distributions import GroupedCategorical
 from xrl.nn.encoders import EncoderConfig, GraphEncoder, mlp
 
@@ -33,6 +34,9 @@ class PolicyConfig:
     global_dim: int
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     use_hints: bool = True  # False: the policy sees the graphs alone (the env's hints are zeroed)
+    # How candidates are encoded, not what the network is: True, each from the region it changes
+    # (xrl.features.incremental, exact); False, each candidate graph whole (the old path, kept to compare).
+    incremental: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,18 +57,29 @@ class GraphPolicy(nn.Module):
         self.score = mlp(3 * h + CAND_DIM, h, h, 1)
         self.value = mlp(h + STATE_DIM, h, h, 1)
 
-    def forward(self, meta: MetaGraph) -> tuple[GroupedCategorical, Tensor]:
+    def forward(self, meta: MetaGraph | IncrementalMeta) -> tuple[GroupedCategorical, Tensor]:
         """The action distribution of every state in `meta`, and its value [S]."""
-        g = meta.graphs
-        emb = self.encoder(g.x, g.edge_index, g.edge_attr, g.u, g.batch)  # [B, H]: one per graph
-        h_s = emb[meta.state_graph]  # [S, H]
-        h_c = emb[meta.cand_graph]  # [C, H]
+        if isinstance(meta, IncrementalMeta):
+            h_s, h_r = self.encoder.encode_incremental(meta)  # [S, H], [R, H]
+            emb = torch.cat([h_s, h_r])
+            h_c = emb[torch.where(meta.cand_region >= 0, meta.cand_region + meta.num_states, meta.cand_state)]
+        else:
+            g = meta.graphs
+            emb = self.encoder(g.x, g.edge_index, g.edge_attr, g.u, g.batch)  # [B, H]: one per graph
+            h_s = emb[meta.state_graph]  # [S, H]
+            h_c = emb[meta.cand_graph]  # [C, H]
         h_sc = h_s[meta.cand_state]  # [C, H]: each candidate's state
         hints = meta.cand_attr if self.cfg.use_hints else torch.zeros_like(meta.cand_attr)
         state_attr = meta.state_attr if self.cfg.use_hints else torch.zeros_like(meta.state_attr)
         logits = self.score(torch.cat([h_c, h_sc, h_c - h_sc, hints], dim=1)).squeeze(-1)  # [C]
         value = self.value(torch.cat([h_s, state_attr], dim=1)).squeeze(-1)  # [S]
         return GroupedCategorical(logits, meta.cand_state, meta.num_states), value
+
+    def features(self, capacity: int = 4096) -> FeatureCache | IncrementalFeatures:
+        """What builds this policy's observations: regions (`cfg.incremental`) or whole candidate graphs."""
+        if self.cfg.incremental:
+            return IncrementalFeatures(self.cfg.encoder.layers, capacity)
+        return FeatureCache(capacity)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
