@@ -252,3 +252,22 @@ def test_unknown_hlo_op_cli_warning_and_verification_error(capsys, tmp_path):
     code, _, err = run(capsys, "optimize", p, "-o", str(tmp_path / "o.onnx"))
     assert code == 2
     assert "xrl: error:" in err and "node 'y' is op 'frobnicate'" in err
+
+
+# ----- item 8: rule-file expressions are bounded and report file:line ------------------------------
+@pytest.mark.parametrize(("condition", "problem"), [
+    ("10 ** 10 ** 9 > 0", "bits"),
+    ("sum(range(10**12)) > 0", "range of 1,000,000,000,000 items"),
+    ("len((1,) * 10**12) > 0", "items"),
+    ("prod(range(1, 99999)) > 0", "bits"),
+])
+def test_hostile_rule_condition_fails_fast(capsys, tmp_path, condition, problem):
+    import time
+
+    p = tmp_path / "hostile.rules"
+    p.write_text("# hostile\nrule hostile family=algebraic\n  y = Relu(Relu(x))\n"
+                 f"  where {condition}\n  =>\n  y = Relu(x)\n  example x=[2, 3]\n")
+    t0 = time.perf_counter()
+    code, _, err = run(capsys, "rules", "verify", str(p))
+    assert time.perf_counter() - t0 < 10
+    assert_user_error(code, err, f"{p}:4:", problem)

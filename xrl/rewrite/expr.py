@@ -14,13 +14,64 @@ such names and look their types and contents up in the graph being rewritten.
 from __future__ import annotations
 
 import ast
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
+from xrl.errors import XrlError
 from xrl.ir.types import TensorType
+
+# Bounds on what one rule expression may compute: a rule file is data, and `10 ** 10 ** 9` or
+# `sum(range(10**12))` must fail at once, not hang xrl. Real rules use small ints and short tuples.
+MAX_INT_BITS = 4096
+MAX_SEQUENCE = 100_000
+
+
+class ExprLimitError(XrlError):
+    """A rule expression asked for more than MAX_INT_BITS / MAX_SEQUENCE: a broken or hostile rule file."""
+
+
+class _Limit(Exception):
+    pass
+
+
+def _bits(x: Any) -> int:
+    return abs(x).bit_length() if isinstance(x, int) else 0
+
+
+def _safe_pow(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1:
+        if b * max(_bits(a) - 1, 1) > MAX_INT_BITS:
+            raise _Limit(f"{a} ** {b} would have over {MAX_INT_BITS} bits")
+    elif isinstance(b, int) and _bits(b) > 64:
+        raise _Limit(f"exponent {b} is too large")
+    return a**b
+
+
+def _safe_mul(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        if _bits(a) + _bits(b) > MAX_INT_BITS:
+            raise _Limit(f"a product of {_bits(a)}- and {_bits(b)}-bit integers is over {MAX_INT_BITS} bits")
+    else:
+        seq, n = (a, b) if isinstance(b, int) else (b, a)
+        if isinstance(n, int) and isinstance(seq, tuple | list | str) and len(seq) * n > MAX_SEQUENCE:
+            raise _Limit(f"repeating a sequence {n} times makes over {MAX_SEQUENCE:,} items")
+    return a * b
+
+
+def _safe_range(*args: Any) -> range:
+    r = range(*args)
+    if len(r) > MAX_SEQUENCE:
+        raise _Limit(f"range of {len(r):,} items is over {MAX_SEQUENCE:,}")
+    return r
+
+
+def _safe_prod(items: Iterable[Any], start: Any = 1) -> Any:
+    out = start
+    for x in items:
+        out = _safe_mul(out, x)
+    return out
 
 _ALLOWED = (
     ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Tuple, ast.List, ast.BinOp, ast.UnaryOp, ast.BoolOp,
@@ -118,8 +169,8 @@ def vsub(a: Iterable[Any], b: Iterable[Any]) -> tuple[int, ...]:
 
 
 PURE_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "len": len, "tuple": tuple, "range": range, "min": min, "max": max, "abs": abs, "sum": sum, "all": all,
-    "any": any, "int": int, "float": float, "sorted": sorted, "prod": math.prod, "compose": compose,
+    "len": len, "tuple": tuple, "range": _safe_range, "min": min, "max": max, "abs": abs, "sum": sum, "all": all,
+    "any": any, "int": int, "float": float, "sorted": sorted, "prod": _safe_prod, "compose": compose,
     "inverse": inverse, "bcast": bcast, "channel_vector": channel_vector, "vadd": vadd, "vsub": vsub,
 }
 TENSOR_FUNCTIONS = frozenset(_tensor_functions(None).keys())  # type: ignore[arg-type]
@@ -149,21 +200,45 @@ def _is_callee(name: ast.Name, root: ast.expr) -> bool:
     return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(root))
 
 
+_SAFE_OPS = {"__pow": _safe_pow, "__mul": _safe_mul}
+
+
+class _Bounded(ast.NodeTransformer):
+    """`a ** b` and `a * b` become calls that check sizes before computing."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        fn = {ast.Pow: "__pow", ast.Mult: "__mul"}.get(type(node.op))
+        if fn is None:
+            return node
+        return ast.copy_location(ast.Call(ast.Name(fn, ast.Load()), [node.left, node.right], []), node)
+
+
 class Compiled:
     """One checked expression, compiled once; `run(env, functions)` evaluates it."""
 
-    __slots__ = ("source", "names", "_code")
+    __slots__ = ("source", "names", "where", "_code")
 
-    def __init__(self, expr: ast.expr, names: set[str]) -> None:
+    def __init__(self, expr: ast.expr, names: set[str], where: str = "") -> None:
         self.source = ast.unparse(expr)
         self.names = frozenset(names)
-        self._code = compile(ast.Expression(expr), "<rule>", "eval")
+        self.where = where  # "file:line" of the rule text, for errors
+        tree = ast.fix_missing_locations(_Bounded().visit(ast.Expression(_copy(expr))))
+        self._code = compile(tree, "<rule>", "eval")
 
     def run(self, env: dict[str, Any], functions: dict[str, Any]) -> Any:
+        if "__pow" not in functions:
+            functions.update(_SAFE_OPS)
         try:
             return eval(self._code, functions, env)  # noqa: S307 - checked AST, no builtins
         except EvalError:
             raise
+        except _Limit as e:
+            raise ExprLimitError(f"{self.where or '<rule>'}: expression {self.source!r}: {e}; rule expressions "
+                                 f"are limited to {MAX_INT_BITS}-bit integers and {MAX_SEQUENCE:,}-item "
+                                 f"sequences") from None
+        except MemoryError:
+            raise ExprLimitError(f"{self.where or '<rule>'}: expression {self.source!r} ran out of memory") from None
         except (ArithmeticError, LookupError, TypeError, ValueError) as e:
             raise EvalError(f"{self.source}: {type(e).__name__}: {e}") from e
 
@@ -171,11 +246,15 @@ class Compiled:
         return f"Compiled({self.source!r})"
 
     def __reduce__(self) -> tuple:
-        return (_recompile, (self.source, tuple(sorted(self.names))))
+        return (_recompile, (self.source, tuple(sorted(self.names)), self.where))
 
 
-def _recompile(source: str, names: tuple[str, ...]) -> Compiled:
-    return Compiled(ast.parse(source, mode="eval").body, set(names))
+def _copy(expr: ast.expr) -> ast.expr:
+    return ast.parse(ast.unparse(expr), mode="eval").body  # the transformer must not change the caller's tree
+
+
+def _recompile(source: str, names: tuple[str, ...], where: str = "") -> Compiled:
+    return Compiled(ast.parse(source, mode="eval").body, set(names), where)
 
 
 def function_table(g: Values, extra: Mapping[str, Callable[..., Any]] | None = None) -> dict[str, Any]:

@@ -348,7 +348,7 @@ class _Builder:
                 names, problem = check(kw.value)
                 if problem:
                     raise self.error(n, f"{op}: attribute {kw.arg}: {problem}")
-                attrs.append((kw.arg, Compiled(kw.value, names)))
+                attrs.append((kw.arg, Compiled(kw.value, names, f"{self.file}:{n}")))
             elif isinstance(kw.value, ast.Name):
                 attrs.append(AttrPat(kw.arg, kw.value.id))
             else:
@@ -382,7 +382,7 @@ class _Builder:
         names, problem = check(a.args[0])
         if problem:
             raise self.error(n, f"{kind}(...): {problem}")
-        return ConstArg(Compiled(a.args[0], names), kind, like)
+        return ConstArg(Compiled(a.args[0], names, f"{self.file}:{n}"), kind, like)
 
 
 def _parse_rule(file: str, line: int, name: str, family: str, comment: str, shared_opt: str,
@@ -432,7 +432,7 @@ def _conditions(b: _Builder, n: int, text: str) -> list[Condition]:
         names, problem = check(c)
         if problem:
             raise b.error(n, f"condition {ast.unparse(c)!r}: {problem}")
-        out.append(Condition(Compiled(c, names), n))
+        out.append(Condition(Compiled(c, names, f"{b.file}:{n}"), n))
     return out
 
 
@@ -451,7 +451,7 @@ def _example(b: _Builder, n: int, text: str) -> list[tuple[str, Compiled]]:
         names, problem = check(kw.value, functions=EXAMPLE_FUNCTIONS)
         if problem:
             raise b.error(n, f"example {kw.arg}: {problem}")
-        out.append((kw.arg, Compiled(kw.value, names)))
+        out.append((kw.arg, Compiled(kw.value, names, f"{b.file}:{n}")))
     return out
 
 
