@@ -51,7 +51,8 @@ def test_registered_env_observations_fit_their_space(mlp, engine):
     env = gym.make(ENV_ID, graph=mlp, cost="analytic", engine=engine)
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs)
-    assert info["action_mask"].shape == (obs["num_actions"],) and info["action_mask"].all()
+    assert info["action_mask"].shape == (env.action_space.n,)  # the action space's size
+    assert info["action_mask"].sum() == obs["num_actions"] and info["action_mask"][:obs["num_actions"]].all()
     assert obs["num_actions"] > 1, "the mlp should have rewrites"
     obs, reward, terminated, truncated, info = env.step(1)
     assert env.observation_space.contains(obs)

@@ -1,14 +1,28 @@
-"""The gymnasium environment of graph rewriting; `import xrl.env` registers `xrl/GraphRewrite-v0`."""
+"""The gymnasium environments of xrl; `import xrl` (or `import xrl.env`) registers them.
 
-import gymnasium as gym
+    xrl/GraphRewrite-v0   one verified rewrite per step (X-RLflow); defaults: tiny_cnn, 64 candidates
+    xrl/PassOrdering-v0   one compiler pass per step (after the XLA pass-ordering work)
+"""
 
-from xrl.env.graph_rewrite import MAX_ACTIONS, GraphRewriteEnv, resolve_cost, resolve_graph, rule_name
+from xrl import ENV_DEFAULTS, register_envs
+from xrl.env.graph_rewrite import (
+    DEFAULT_GRAPH,
+    MAX_ACTIONS,
+    OBSERVATIONS,
+    GraphRewriteEnv,
+    resolve_cost,
+    resolve_graph,
+    rule_name,
+)
 from xrl.env.reward import REWARD_MODES, SHAPING, Potential, RewardConfig
+from xrl.env.state import EnvState, ValidationResult, read_states, write_states
 
 ENV_ID = "xrl/GraphRewrite-v0"
+PASS_ORDERING_ID = "xrl/PassOrdering-v0"
+DEFAULT_MAX_CANDIDATES = ENV_DEFAULTS["max_candidates"]
 
-if ENV_ID not in gym.registry:
-    gym.register(id=ENV_ID, entry_point="xrl.env.graph_rewrite:GraphRewriteEnv", disable_env_checker=False)
+register_envs()  # done by `import xrl` already; kept so the ids exist whichever module is imported first
 
-__all__ = ["ENV_ID", "MAX_ACTIONS", "REWARD_MODES", "SHAPING", "GraphRewriteEnv", "Potential", "RewardConfig",
-           "resolve_cost", "resolve_graph", "rule_name"]
+__all__ = ["DEFAULT_GRAPH", "DEFAULT_MAX_CANDIDATES", "ENV_ID", "MAX_ACTIONS", "OBSERVATIONS", "PASS_ORDERING_ID",
+           "REWARD_MODES", "SHAPING", "EnvState", "GraphRewriteEnv", "Potential", "RewardConfig", "ValidationResult",
+           "read_states", "resolve_cost", "resolve_graph", "rule_name", "write_states"]

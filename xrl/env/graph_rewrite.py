@@ -12,13 +12,24 @@ The episode also ends when no rewrite applies, and is truncated after `horizon` 
 Reward (xrl.env.reward): 100 * (RT_{t-1} - RT_t) / RT_0 from the cost backend, re-costed from each
 rewrite's delta for per-op backends; optionally sparse (every k steps) and potential-shaped.
 
-Observation: a fixed-size summary (`summary`: the current graph's size, FLOPs, bytes and cost
-relative to the start, the horizon used, the candidate count) and `num_actions`. The graphs
-themselves are too big and too many for a fixed space: an agent reads them from the env
-(`candidates`, `meta_graph`), as X-RLflow's agent does.
+Observation (`observation="graph"`, the default when `max_candidates` is set, as it is for
+`gymnasium.make`): the state itself as padded arrays with counts (xrl.env.observation): the current
+graph's typed node and edge tensors, each candidate's rule, location, added ops and estimated effect,
+and the action mask, so an agent needs nothing but `obs`. `observation="summary"` (the default without
+a cap, whose action space is too large to pad to) keeps only `summary` (the current graph's size,
+FLOPs, bytes and cost relative to the start, the horizon used, the candidate count) and
+`num_actions`; xrl's own agent reads the graphs from the env (`meta_graph`), as X-RLflow's does.
+
+The mask (`action_masks()`, the sb3-contrib convention, and `info["action_mask"]`) has the action
+space's size, so `action_space.sample(mask=env.action_masks())` draws a valid action.
 
 A cap on candidates (`max_candidates`) keeps those with the lowest estimated cost change (ties in
 engine order) and logs a warning; without one, up to MAX_ACTIONS - 1 rewrites are offered.
+
+CompilerGym conventions (xrl.env.state): `env.state` is the episode so far as a serialisable
+`EnvState` (source graph and its hash, actions as `rule@location`, reward); `env.apply(state)`
+replays one, `env.validate()` replays the current state and checks the result under onnxruntime
+against the source, and `env.fork()` returns an independent copy.
 """
 
 from __future__ import annotations
@@ -33,7 +44,9 @@ import torch
 from gymnasium import spaces
 
 from xrl.cost.base import CostModel
+from xrl.env.observation import SUMMARY_DIM, SUMMARY_HIGH, ObservationLayout, Observer, default_maxima
 from xrl.env.reward import Potential, RewardConfig
+from xrl.env.state import EnvState, ValidationResult
 from xrl.errors import ConfigError
 from xrl.features.metagraph import CAND_DIM, FeatureCache, MetaGraph, build_metagraph
 from xrl.ir import Graph
@@ -42,8 +55,8 @@ from xrl.ir.ops import graph_bytes, graph_flops, node_flops
 log = logging.getLogger(__name__)
 
 MAX_ACTIONS = 1 << 20  # the action space's size without a cap: far beyond any graph's candidate count
-SUMMARY_DIM = 6
-SUMMARY_HIGH = 1e6  # ratios to the start graph and a log count: far below this, and clipped to it
+OBSERVATIONS = ("graph", "summary")
+DEFAULT_GRAPH = "tiny_cnn"  # what `gymnasium.make` optimises when no graph is named: small and fast
 
 
 def rule_name(candidate: Any) -> str:
@@ -85,15 +98,25 @@ def resolve_cost(cost: CostModel | str) -> CostModel:
 class GraphRewriteEnv(gym.Env):
     metadata = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 4}
 
-    def __init__(self, graph: Graph | str, cost: CostModel | str = "analytic", *, engine: Any = None,
+    def __init__(self, graph: Graph | str = DEFAULT_GRAPH, cost: CostModel | str = "analytic", *, engine: Any = None,
                  horizon: int = 50, reward: str = "dense", reward_every: int = 1, shaping: str = "none",
-                 gamma: float = 0.99, max_candidates: int | None = None, render_mode: str | None = None) -> None:
+                 gamma: float = 0.99, max_candidates: int | None = None, render_mode: str | None = None,
+                 observation: str | None = None, max_nodes: int | None = None, max_edges: int | None = None) -> None:
         if horizon < 1:
             raise ConfigError(f"the horizon must be at least 1 step, not {horizon}")
         if max_candidates is not None and max_candidates < 1:
             raise ConfigError(f"max_candidates must be at least 1 (or None for no cap), not {max_candidates}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"unknown render mode {render_mode!r}; choose one of: ansi, human, rgb_array")
+        observation = observation or ("graph" if max_candidates is not None else "summary")
+        if observation not in OBSERVATIONS:
+            raise ConfigError(f"unknown observation {observation!r}; choose one of: {', '.join(OBSERVATIONS)}")
+        if observation == "graph" and max_candidates is None:
+            raise ConfigError("observation='graph' pads candidates to max_candidates: set max_candidates")
+        # What it takes to build this env again (fork, validate): the constructor's own arguments.
+        self._kwargs = dict(horizon=horizon, reward=reward, reward_every=reward_every, shaping=shaping, gamma=gamma,
+                            max_candidates=max_candidates, observation=observation, max_nodes=max_nodes,
+                            max_edges=max_edges)
         if engine is None:
             from xrl.rewrite import RewriteEngine
 
@@ -109,11 +132,21 @@ class GraphRewriteEnv(gym.Env):
         self.render_mode = render_mode
         n_actions = (max_candidates + 1) if max_candidates is not None else MAX_ACTIONS
         self.action_space = spaces.Discrete(n_actions)
-        self.observation_space = spaces.Dict({
-            "summary": spaces.Box(0.0, SUMMARY_HIGH, (SUMMARY_DIM,), np.float32),
-            "num_actions": spaces.Discrete(n_actions + 1),
-        })
+        self.observation = observation
+        self._source = graph if isinstance(graph, str) else None  # how to load the start graph again
         self._start = resolve_graph(graph)
+        self._observer: Observer | None = None
+        if observation == "graph":
+            auto_nodes, auto_edges = default_maxima(self._start, getattr(self.engine, "max_growth", 2.0))
+            layout = ObservationLayout(max_nodes or auto_nodes, max_edges or auto_edges, n_actions,
+                                       len(getattr(self.engine, "rules", ())))
+            self._observer = Observer(layout, [str(getattr(r, "name", r)) for r in getattr(self.engine, "rules", ())])
+            self.observation_space = layout.space()
+        else:
+            self.observation_space = spaces.Dict({
+                "summary": spaces.Box(0.0, SUMMARY_HIGH, (SUMMARY_DIM,), np.float32),
+                "num_actions": spaces.Discrete(n_actions + 1),
+            })
         self._capped_warned: set[str] = set()
         self._start_candidates: dict[int, tuple[Graph, list]] = {}  # id(start graph) -> (graph, its rewrites)
         self._reset_state(self._start)
@@ -126,6 +159,8 @@ class GraphRewriteEnv(gym.Env):
         self.last_rewrite: str | None = None
         self.last_added: tuple[str, ...] = ()  # node names the last rewrite added: the region render() draws
         self.rewrites: list[str] = []
+        self.actions: list[str] = []  # the steps taken, as `rule@node,node` (EnvState's actions)
+        self.episode_reward = 0.0
         self.cost0 = self.cost_model.cost(graph)
         if not self.cost0 > 0:
             raise ConfigError(f"graph {graph.name!r} costs {self.cost0} under {self.cost_model.describe()}; "
@@ -150,6 +185,7 @@ class GraphRewriteEnv(gym.Env):
             if self.graph is self._start:
                 self._start_candidates[id(self.graph)] = (self.graph, cands)
         self._hints: np.ndarray | None = None
+        self.all_candidates = cands  # before the cap: what a replayed state may name
         self.candidates = cands
         cap = self.max_candidates if self.max_candidates is not None else MAX_ACTIONS - 1
         if len(cands) > cap:
@@ -183,8 +219,14 @@ class GraphRewriteEnv(gym.Env):
     def num_actions(self) -> int:
         return len(self.candidates) + 1
 
+    def action_masks(self) -> np.ndarray:
+        """[action_space.n] bool: True for the no-op and each candidate (sb3-contrib's MaskablePPO reads this)."""
+        mask = np.zeros(self.action_space.n, dtype=bool)
+        mask[:self.num_actions] = True
+        return mask
+
     def action_mask(self) -> np.ndarray:
-        return np.ones(self.num_actions, dtype=bool)
+        return self.action_masks()
 
     def candidate_hints(self) -> np.ndarray:
         """[num_actions, CAND_DIM] per-action hints (row 0, the no-op, is zeros)."""
@@ -212,7 +254,10 @@ class GraphRewriteEnv(gym.Env):
         summary = np.array([len(g) / self.nodes0, graph_flops(g) / self.flops0, graph_bytes(g) / self.bytes0,
                             self.cost / self.cost0, self.step_count / self.horizon,
                             math.log1p(len(self.candidates))], dtype=np.float32)
-        return {"summary": np.clip(summary, 0.0, SUMMARY_HIGH), "num_actions": self.num_actions}
+        summary = np.clip(summary, 0.0, SUMMARY_HIGH)
+        if self._observer is None:
+            return {"summary": summary, "num_actions": self.num_actions}
+        return self._observer(g, self.candidates, self.candidate_hints(), self.state_features(), summary)
 
     def _info(self) -> dict[str, Any]:
         return {"action_mask": self.action_mask(), "cost": self.cost, "speedup": self.speedup,
@@ -225,23 +270,31 @@ class GraphRewriteEnv(gym.Env):
         graph = self._start
         if options and options.get("graph") is not None:
             graph = resolve_graph(options["graph"])
+            self._source = options["graph"] if isinstance(options["graph"], str) else None
         self._reset_state(graph)
         return self._obs(), self._info()
 
     def step(self, action: int):
         action = int(action)
-        prev_graph = self.graph
         stop = not 1 <= action < self.num_actions  # the no-op, or an invalid action treated as one
+        return self._advance(None if stop else self.candidates[action - 1],
+                             None if stop else float(self.candidate_hints()[action, 0]))
+
+    def _advance(self, cand: Any, hint: float | None):
+        """One step: apply `cand` (None: the no-op); `hint` is its estimated relative cost change."""
+        prev_graph = self.graph
+        stop = cand is None
         if not stop:
-            cand = self.candidates[action - 1]
-            hints = self.candidate_hints()
-            self.hint_cost += float(hints[action, 0]) * self.hint_cost0 / 100.0
+            if hint is None:
+                hint = float(self._hint_array([cand])[0, 0])
+            self.hint_cost += hint * self.hint_cost0 / 100.0
             if self.cost_model.per_op:
                 self.cost = self.cost_model.delta_cost(prev_graph, self.cost, cand.graph, cand.removed, cand.added)
             self.graph = cand.graph
             self.last_rewrite = f"{rule_name(cand)}@{','.join(cand.location)}"
             self.last_added = tuple(n.name for n in cand.added)
             self.rewrites.append(rule_name(cand))
+            self.actions.append(self.last_rewrite)
         self.step_count += 1
         if not stop:
             self._set_candidates()
@@ -257,9 +310,64 @@ class GraphRewriteEnv(gym.Env):
             self.measured_cost, self._measured_graph = self.cost, self.graph
         if self.reward_cfg.shaping != "none":
             reward += self.reward_cfg.gamma * self.potential(None if over else self.graph) - self.potential(prev_graph)
+        self.episode_reward += reward
         if self.render_mode == "human":
             print(self.render_text())
         return self._obs(), float(reward), terminated, truncated, self._info()
+
+    # ----- CompilerGym conventions --------------------------------------------------------------
+    @property
+    def state(self) -> EnvState:
+        """The episode so far: source graph, its hash, the rewrites as `rule@location`, the reward."""
+        return EnvState(graph=self._source or self._start.name, graph_hash=self._start.canonical_hash,
+                        actions=tuple(self.actions), reward=self.episode_reward, cost=self.cost_model.describe(),
+                        speedup=self.speedup)
+
+    def apply(self, state: EnvState) -> None:
+        """Reset to the state's source graph and replay its actions (ConfigError if one does not apply)."""
+        from xrl.env.state import load_source
+
+        start = self._start
+        if state.graph_hash != start.canonical_hash:
+            start = load_source(state.graph)
+            if start.canonical_hash != state.graph_hash:
+                raise ConfigError(f"state's graph {state.graph!r} has hash {start.canonical_hash[:12]}, "
+                                  f"not the state's {state.graph_hash[:12]}: a different graph")
+        self.reset(options={"graph": start})
+        self._source = state.graph
+        for i, act in enumerate(state.actions):
+            cand = next((c for c in self.all_candidates if c.step == act), None)
+            if cand is None:
+                raise ConfigError(f"action {i} ({act}) of the state does not apply to {self.graph.name} "
+                                  f"after {i} steps")
+            self._advance(cand, None)
+
+    def fork(self) -> GraphRewriteEnv:
+        """An independent copy at the same point of the same episode (it shares the immutable graphs)."""
+        import copy
+
+        other = copy.copy(self)
+        other.rewrites, other.actions = list(self.rewrites), list(self.actions)
+        other._capped_warned = set(self._capped_warned)
+        other._start_candidates = dict(self._start_candidates)
+        other._np_random = copy.deepcopy(self._np_random)
+        if self._observer is not None:
+            other._observer = Observer(self._observer.layout, list(self._observer.rule_id))
+        return other
+
+    def validate(self, state: EnvState | None = None, *, seed: int = 0, rtol: float = 1e-3,
+                 atol: float = 1e-4) -> ValidationResult:
+        """Replay `state` (default: this episode's) on a fresh copy of this env, check that the reward is
+        reproduced, and that the result computes what the source computes (onnxruntime, random inputs)."""
+        from xrl.env.state import validate
+
+        return validate(self, state if state is not None else self.state, seed=seed, rtol=rtol, atol=atol)
+
+    def replica(self) -> GraphRewriteEnv:
+        """A fresh env with this one's configuration (engine and cost model shared), reset to its start graph."""
+        env = GraphRewriteEnv(self._start, self.cost_model, engine=self.engine, **self._kwargs)
+        env._source = self._source
+        return env
 
     def render_text(self) -> str:
         last = self.last_rewrite or "-"
