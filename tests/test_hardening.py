@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -271,3 +272,65 @@ def test_hostile_rule_condition_fails_fast(capsys, tmp_path, condition, problem)
     code, _, err = run(capsys, "rules", "verify", str(p))
     assert time.perf_counter() - t0 < 10
     assert_user_error(code, err, f"{p}:4:", problem)
+
+
+# ----- item 7: model and external weights change together; killed writes are cleaned up -----------
+def _weights_model(value: float) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.full((64, 64), value, np.float32), "w")
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+
+
+def test_crash_between_weights_and_model_keeps_the_old_pair(tmp_path, monkeypatch):
+    from xrl.frontends import onnx_io
+
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 100)
+    path = tmp_path / "m.onnx"
+    onnx_io.save_onnx(_weights_model(1.0), path)
+
+    def killed(*a, **k):  # the process dies after the weights are in place, before the model is
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx_io, "_atomic_write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        onnx_io.save_onnx(_weights_model(2.0), path)
+    loaded = onnx.load(str(path))
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), 1.0)
+
+
+def test_rewrite_with_external_weights_leaves_one_data_file(tmp_path, monkeypatch):
+    from xrl.frontends import onnx_io
+
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 100)
+    path = tmp_path / "m.onnx"
+    for v in (1.0, 2.0, 3.0):
+        onnx_io.save_onnx(_weights_model(v), path)
+    assert len([p for p in os.listdir(tmp_path) if p.endswith(".data")]) == 1
+    np.testing.assert_array_equal(numpy_helper.to_array(onnx.load(str(path)).graph.initializer[0]), 3.0)
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 10**12)  # now inline: the old weights go
+    onnx_io.save_onnx(_weights_model(4.0), path)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_killed_writers_temporaries_are_removed(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from xrl.frontends.onnx_io import save_onnx
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f".m.onnx.{dead_pid}.k2j3.tmp"
+    stale_data = tmp_path / f".m.onnx.{dead_pid}.x9a1.data.tmp"
+    legacy = tmp_path / ".m.onnx.ab3kd9_q.tmp"  # an older xrl's name, with no pid: removed once old
+    live = tmp_path / f".m.onnx.{os.getpid()}.zz.tmp"  # a write in progress
+    other = tmp_path / ".other.onnx.1.tmp"
+    for p in (stale, stale_data, legacy, live, other):
+        p.write_bytes(b"x" * 100)
+    old = time.time() - 2 * 3600
+    os.utime(legacy, (old, old))
+    save_onnx(two_matmul_model(), tmp_path / "m.onnx")
+    assert sorted(os.listdir(tmp_path)) == sorted(["m.onnx", live.name, other.name])

@@ -543,27 +543,93 @@ def _make_attr(key: str, value, schema: onnx.defs.OpSchema | None, node: str) ->
 # ===== writing =================================================================================
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     """Write `model` atomically (a temporary file in the same folder, then a rename): a failed or
-    interrupted write never leaves a partial file. Weights past ~1.8 GB go to `<name>.data` beside it."""
+    interrupted write never leaves a partial file. Weights past ~1.8 GB go to `<name>.<hash>.data`
+    beside it, a name of their own per content, so the model and its weights change together: the
+    model's rename is the one commit point. Temporary files a killed xrl left behind, and weight files
+    no model at `path` refers to any more, are removed."""
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{path} is a directory; give a file path such as {path / 'model.onnx'}")
     folder = path.parent
     if not folder.is_dir():
         raise OutputPathError(f"cannot write {path}: folder {folder} does not exist; create it first")
+    remove_stale_temporaries(path)
     try:
         weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
         if weight_bytes > EXTERNAL_DATA_THRESHOLD:
-            _save_external(model, path)
+            data_name = _save_external(model, path)
         else:
             _atomic_write(path, [model.SerializeToString()])
+            data_name = None
     except OSError as e:
         raise OutputPathError(f"cannot write {path} ({e.strerror or brief_error(e)}); check the folder is writable "
                               f"and has space") from e
+    _remove_old_data(path, keep=data_name)
     return path
 
 
+def _tmp_prefix(path: Path) -> str:
+    # The writer's pid is in the name, so a later run can tell a dead writer's leftovers from a live one's.
+    return f".{path.name}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, under another user
+        return True
+    return True
+
+
+_LEGACY_TMP_AGE_S = 3600  # temporaries without a pid (older xrl): removed once this old
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the hidden `.{name}.*.tmp` files of writes to `path` whose writer is gone (killed
+    mid-write); returns what was removed."""
+    import time
+
+    removed = []
+    prefix = f".{path.name}."
+    for p in path.parent.glob(f"{_glob_escape(prefix)}*.tmp"):
+        pid = p.name[len(prefix):].split(".", 1)[0]
+        stale = False
+        if pid.isdigit():
+            stale = not _pid_alive(int(pid))
+        else:
+            with contextlib.suppress(OSError):
+                stale = time.time() - p.stat().st_mtime > _LEGACY_TMP_AGE_S
+        if stale:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def _glob_escape(s: str) -> str:
+    import glob
+
+    return glob.escape(s)
+
+
+def _remove_old_data(path: Path, keep: str | None) -> None:
+    """Weight files of earlier writes to `path` (`<name>.data`, `<name>.<hash>.data`) that the model
+    just written does not use: the model that used them has been replaced."""
+    import re
+
+    pattern = re.compile(re.escape(path.name) + r"(\.[0-9a-f]{12})?\.data")
+    for p in path.parent.glob(f"{_glob_escape(path.name)}*.data"):
+        if p.name != keep and pattern.fullmatch(p.name):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def _atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -578,12 +644,17 @@ def _atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
         raise
 
 
-def _save_external(model: onnx.ModelProto, path: Path) -> None:
-    """Big tensors' bytes to `<path>.data`, the rest to `path`. The tensors are pointed at the data
-    file only while the model is serialised, then restored: the caller's model is unchanged."""
-    data_name = f"{path.name}.data"
+def _save_external(model: onnx.ModelProto, path: Path) -> str:
+    """Big tensors' bytes to `<path>.<hash>.data`, the rest to `path`; returns the data file's name.
+    The data file gets its final name before the model is replaced, and that name is new whenever the
+    weights are, so a crash at any point leaves the old model with its own weights or the new model
+    with its own. The tensors are pointed at the data file only while the model is serialised, then
+    restored: the caller's model is unchanged."""
+    import hashlib
+
     moved: list[tuple[TensorProto, bytes]] = []
-    fd, data_tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=path.parent)
+    fd, data_tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".data.tmp", dir=path.parent)
+    digest = hashlib.blake2b(digest_size=6)
     try:
         with os.fdopen(fd, "wb") as f:
             offset = 0
@@ -592,15 +663,19 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
                     continue
                 raw = t.raw_data
                 f.write(raw)
+                digest.update(raw)
                 moved.append((t, raw))
                 t.ClearField("raw_data")
                 t.data_location = TensorProto.EXTERNAL
-                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                for k, v in (("location", ""), ("offset", str(offset)), ("length", str(len(raw)))):
                     entry = t.external_data.add()
                     entry.key, entry.value = k, v
                 offset += len(raw)
             f.flush()
             os.fsync(f.fileno())
+        data_name = f"{path.name}.{digest.hexdigest()}.data"
+        for t, _ in moved:
+            t.external_data[0].value = data_name
         try:
             head = model.SerializeToString()
         except Exception as e:  # still over protobuf's 2 GiB without the big weights
@@ -612,9 +687,17 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
                 t.ClearField("data_location")  # proto2: an explicit DEFAULT would serialise differently
                 t.raw_data = raw
         os.chmod(data_tmp, 0o644)
+        existed = (path.parent / data_name).exists()  # the same weights written before: the old model uses it
         os.replace(data_tmp, path.parent / data_name)  # data first: the model never points at missing bytes
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(data_tmp)
         raise
-    _atomic_write(path, [head])
+    try:
+        _atomic_write(path, [head])
+    except BaseException:
+        if not existed:  # no model refers to it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.parent / data_name)
+        raise
+    return data_name
