@@ -117,3 +117,17 @@ def test_graph_observation_needs_a_cap(engine):
         GraphRewriteEnv("mlp", engine=engine, observation="graph")
     legacy = GraphRewriteEnv("mlp", engine=engine)  # xrl's own agent: uncapped, summary observation
     assert set(legacy.observation_space.spaces) == {"summary", "num_actions"}
+
+
+@pytest.mark.parametrize("suffix", ["json", "csv"])
+def test_cli_writes_replays_and_validates_states(tmp_path, suffix, capsys):
+    from xrl.cli.main import main
+
+    out = tmp_path / f"state.{suffix}"
+    assert main(["env", "play", "mlp", "--steps", "3", "-o", str(out)]) == 0
+    assert main(["env", "play", "mlp", "--steps", "3", "-o", str(out)]) == 2  # never overwrites without --force
+    assert main(["env", "replay", str(out), "--validate", "--json"]) == 0
+    assert '"valid": true' in capsys.readouterr().out
+    st = read_states(out)[0]
+    write_states([EnvState(st.graph, st.graph_hash, st.actions, st.reward + 5.0, st.cost)], out)
+    assert main(["env", "replay", str(out), "--validate"]) == 1  # a reward the replay does not earn

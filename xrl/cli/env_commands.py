@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     play = env_sub.add_parser("play", help="run one episode and write its state (JSON, or CSV by the suffix)")
     play.add_argument("graph", metavar="MODEL", help="a built-in graph name or a model file")
     play.add_argument("--agent", choices=AGENTS, default="greedy",
-                      help="greedy: the candidate with the lowest estimated cost while it lowers it; random (default greedy)")
+                      help="greedy: the candidate with the lowest estimated cost while it lowers it; random "
+                      "(default greedy)")
     play.add_argument("--steps", type=int, default=10, help="episode horizon (default 10)")
     play.add_argument("--cost", default="analytic", help="cost backend of the reward (default analytic)")
     play.add_argument("--seed", type=int, default=0)
@@ -93,8 +94,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             env.apply(st)
             rec.update(replayed_reward=env.episode_reward, speedup=env.speedup)
         records.append(rec)
-        rows.append([str(rec.get(k, "")) if not isinstance(rec.get(k), float) else f"{rec[k]:.4f}"
-                     for k in ("graph", "actions", "reward", "replayed_reward", "valid" if args.validate else "speedup")])
+        last = "valid" if args.validate else "speedup"
+        rows.append([f"{rec[k]:.4f}" if isinstance(rec.get(k), float) else str(rec.get(k, ""))
+                     for k in ("graph", "actions", "reward", "replayed_reward", last)])
     if args.json:
         print_json({"states": records, "failed": failed})
     else:
