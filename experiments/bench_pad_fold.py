@@ -9,8 +9,9 @@ TF ports such as timm's tf_efficientnet write it), exported by torch's TorchScri
   3x3 stride-2 MaxPool, which onnxruntime leaves as a Pad.
 
 Each model is Pad-folded with xrl's `fold_pad_*` rules only (applied until none matches), checked against the
-original under onnxruntime, and timed: onnxruntime, ORT_ENABLE_ALL, one thread; three sessions (the original,
-the original again as an A/A control, the folded model) run in alternating rounds, the order rotated each round.
+original under onnxruntime, and timed: onnxruntime, ORT_ENABLE_ALL, one thread; three models (the original,
+the original again as an A/A control, the folded model) run in alternating rounds, the order rotated and the
+sessions made afresh each round.
 The ratio of each round's median times gives the speed-up; the A/A ratio shows the noise. Both the wall time
 and the CPU time of the calling thread are taken: with one intra-op thread onnxruntime computes on the caller's
 thread, so its CPU time is not inflated when other processes take the core away (a loaded shared machine);
@@ -186,17 +187,20 @@ def ort_ops(model: onnx.ModelProto) -> Counter:
         return Counter(n.op_type for n in onnx.load(path).graph.node)
 
 
-def interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray], rounds: int,
-                runs: int, warmup: int = 3) -> dict[str, dict[str, np.ndarray]]:
-    """Per clock ("wall", "cpu": this thread's CPU time), round and session, the median of `runs` timed calls
-    (seconds); the order of the sessions rotates each round."""
-    names = list(sessions)
-    for s in sessions.values():
-        for _ in range(warmup):
-            s.run(None, feeds)
+def interleaved(models: dict[str, onnx.ModelProto], feeds: dict[str, np.ndarray], rounds: int, runs: int,
+                warmup: int = 2) -> dict[str, dict[str, np.ndarray]]:
+    """Per clock ("wall", "cpu": this thread's CPU time), round and model, the median of `runs` timed calls
+    (seconds). The order of the models rotates each round, and each round runs fresh sessions: two sessions of
+    one model can differ by several percent for the whole of their lives (where their buffers landed), which
+    alternating rounds alone would not average out."""
+    names = list(models)
     out: dict[str, dict[str, list[float]]] = {c: {n: [] for n in names} for c in ("wall", "cpu")}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
+        sessions = {n: session(models[n]) for n in order}
+        for s in sessions.values():
+            for _ in range(warmup):
+                s.run(None, feeds)
         for n in order:
             wall, cpu = [], []
             for _ in range(runs):
@@ -225,7 +229,7 @@ def bench(name: str, rounds: int, runs: int, size: int) -> dict[str, object]:
     got = session(folded).run(None, feeds)[0]
     err = float(np.max(np.abs(ref - got)))
     assert np.allclose(ref, got, rtol=1e-4, atol=1e-4), f"{name}: folded model differs by {err}"
-    times = interleaved({"A": session(model), "A2": session(model), "B": session(folded)}, feeds, rounds, runs)
+    times = interleaved({"A": model, "A2": model, "B": folded}, feeds, rounds, runs)
     ops_in = Counter(n.op for n in g.nodes.values())
     ops_out = Counter(n.op for n in folded_graph.nodes.values())
     return {
