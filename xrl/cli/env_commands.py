@@ -2,6 +2,7 @@
 
     xrl env play tiny_cnn --agent greedy --steps 10 -o state.json     # or .csv
     xrl env replay state.json [--validate] [--json]
+    xrl env passes --graphs all --hlo --agent greedy  # pass ordering: geomean against the default pass order
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--cost", default="analytic", help="cost backend (default analytic)")
     rep.add_argument("--json", action="store_true")
     rep.set_defaults(func=cmd_replay)
+
+    po = env_sub.add_parser("passes", help="pass ordering (xrl/PassOrdering-v0): an agent's order against the "
+                            "default pass order, op counts per graph and their geomean")
+    po.add_argument("--graphs", default="small", metavar="NAMES|SUITE",
+                    help="comma-separated built-in graphs or a suite (xrlflow, taso, small, all; default small)")
+    po.add_argument("--hlo", action="store_true", help="also the HLO fixtures shipped with xrl (graphs/hlo/*.hlo)")
+    po.add_argument("--agent", choices=("greedy", "random"), default="greedy",
+                    help="greedy: the pass that removes most ops now; random (default greedy)")
+    po.add_argument("--seed", type=int, default=0)
+    po.add_argument("--json", action="store_true")
+    po.set_defaults(func=cmd_passes)
 
 
 def _env(graph: str, cost: str, steps: int):
@@ -105,3 +117,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for err in rec.get("errors", ()):
                 print(f"{rec['graph']}: {err}")
     return 1 if failed else 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    from xrl.env.pass_order import evaluate_orders, geomean, greedy_policy, random_policy
+    from xrl.frontends.loader import load_model
+    from xrl.search.compare import resolve_graphs
+
+    graphs: list = list(resolve_graphs(args.graphs))
+    if args.hlo:
+        hlo_dir = resources.files("xrl.graphs") / "hlo"
+        graphs += [load_model(str(p)).graph for p in sorted(hlo_dir.iterdir(), key=lambda p: p.name)
+                   if p.name.endswith(".hlo")]
+    choose = greedy_policy if args.agent == "greedy" else random_policy(args.seed)
+    results = evaluate_orders(graphs, choose)
+    gm = geomean([r.improvement for r in results])
+    if args.json:
+        from dataclasses import asdict
+
+        print_json({"results": [asdict(r) | {"improvement": r.improvement} for r in results], "geomean": gm})
+        return 0
+    rows = [[r.graph, str(r.ops0), str(r.default_ops), str(r.ops), f"{r.improvement:.3f}", " ".join(r.passes)]
+            for r in results]
+    print(format_table(["graph", "ops", "default order", args.agent, "improvement", "passes"], rows))
+    print(f"geomean improvement over the default pass order ({args.agent}): {gm:.3f}")
+    return 0
