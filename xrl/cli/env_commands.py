@@ -52,6 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     po.add_argument("--json", action="store_true")
     po.set_defaults(func=cmd_passes)
 
+    sv = sub.add_parser("serve", help="answer an external optimiser's decisions over two named pipes (MLGO style)")
+    sv.add_argument("--in", dest="in_path", required=True, metavar="PIPE", help="observations arrive here")
+    sv.add_argument("--out", dest="out_path", required=True, metavar="PIPE", help="advice is written here")
+    sv.add_argument("--policy", default="hint", metavar="hint|MODEL.zip",
+                    help="hint: the lowest estimated cost change (no weights); or a MaskablePPO model saved by "
+                    "sb3-contrib (default hint)")
+    sv.add_argument("--timeout", type=float, default=60.0, help="seconds a message may stall (default 60)")
+    sv.set_defaults(func=cmd_serve)
+
 
 def _env(graph: str, cost: str, steps: int):
     from xrl.env import GraphRewriteEnv
@@ -143,4 +152,27 @@ def cmd_passes(args: argparse.Namespace) -> int:
             for r in results]
     print(format_table(["graph", "ops", "default order", args.agent, "improvement", "passes"], rows))
     print(f"geomean improvement over the default pass order ({args.agent}): {gm:.3f}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import sys
+
+    from xrl.serve.pipe import PipeProtocolError, hint_policy, serve_pipes
+
+    policy = hint_policy
+    if args.policy != "hint":
+        if not Path(args.policy).exists():
+            raise ConfigError(f"no such policy file: {args.policy}")
+        from sb3_contrib import MaskablePPO
+
+        model = MaskablePPO.load(args.policy, device="cpu")
+
+        def policy(obs):  # noqa: ANN001, ANN202
+            return int(model.predict(dict(obs), action_masks=obs["action_mask"].astype(bool), deterministic=True)[0])
+    try:
+        n = serve_pipes(args.in_path, args.out_path, policy, timeout=args.timeout)
+    except PipeProtocolError as e:
+        raise ConfigError(f"serve: {e}") from None
+    print(f"served {n} decisions", file=sys.stderr)
     return 0
