@@ -12,7 +12,8 @@ Each model is Pad-folded with xrl's `fold_pad_*` rules only (applied until none 
 original under onnxruntime, and timed: onnxruntime, ORT_ENABLE_ALL, one thread; three models (the original,
 the original again as an A/A control, the folded model) run in alternating rounds, the order rotated and the
 sessions made afresh each round.
-The ratio of each round's median times gives the speed-up; the A/A ratio shows the noise. Both the wall time
+The median over rounds of the ratio of each round's median times gives the speed-up, with a 95% bootstrap
+interval; the A/A ratio shows the noise. Both the wall time
 and the CPU time of the calling thread are taken: with one intra-op thread onnxruntime computes on the caller's
 thread, so its CPU time is not inflated when other processes take the core away (a loaded shared machine);
 cache and memory-bandwidth contention still show in it.
@@ -214,9 +215,10 @@ def interleaved(models: dict[str, onnx.ModelProto], feeds: dict[str, np.ndarray]
 
 
 def ratio_summary(before: np.ndarray, after: np.ndarray) -> tuple[float, float, float]:
-    """(median, min, max) over rounds of before/after: > 1 means `after` is faster."""
+    """The median over rounds of before/after (> 1: `after` is faster) and its 95% bootstrap interval."""
     r = before / after
-    return float(np.median(r)), float(r.min()), float(r.max())
+    boot = np.median(np.random.default_rng(0).choice(r, size=(2000, len(r))), axis=1)
+    return float(np.median(r)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
 def bench(name: str, rounds: int, runs: int, size: int) -> dict[str, object]:
@@ -244,7 +246,7 @@ def bench(name: str, rounds: int, runs: int, size: int) -> dict[str, object]:
 
 def table(rows: list[dict[str, object]]) -> str:
     head = ("| model | clock | Pads | Pads ORT leaves | folded by xrl | Pads ORT leaves after folding | original (ms) "
-            "| folded (ms) | speed-up (median [min, max] over rounds) | A/A (median [min, max]) |")
+            "| folded (ms) | speed-up (median over rounds [95% interval]) | A/A (median [95% interval]) |")
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         for c in ("cpu", "wall"):
