@@ -101,3 +101,28 @@ def test_cli_reports_the_geomean(capsys):
     out = capsys.readouterr().out
     assert '"geomean"' in out and '"default_ops"' in out
     assert np.isfinite(float(out.split('"geomean":')[1].split()[0].strip(",}")))
+
+
+def test_a_suite_env_draws_its_graph_from_the_reset_seed():
+    env = PassOrderingEnv(["mlp", "tiny_cnn"], horizon=2)
+    names = {env.reset(seed=s)[1]["ops0"] for s in range(8)}
+    assert names == {len(resolve_graph("mlp")), len(resolve_graph("tiny_cnn"))}
+    assert env.reset(seed=5)[1]["ops0"] == env.reset(seed=5)[1]["ops0"]
+
+
+def test_sb3_ppo_runs_on_the_pass_ordering_env():
+    pytest.importorskip("stable_baselines3", reason="stable-baselines3 is not installed (pip install 'xrl[rl-ext]')")
+    import torch
+    from stable_baselines3 import PPO
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        env = gym.make("xrl/PassOrdering-v0", graph=["mlp", "tiny_cnn"], shaping="potential")
+        model = PPO("MultiInputPolicy", env, n_steps=40, batch_size=20, n_epochs=1, seed=0,
+                    policy_kwargs={"net_arch": [16]})
+        model.learn(80)
+    finally:
+        torch.set_num_threads(threads)
+    res = evaluate_orders(["mlp"], lambda e, o: int(model.predict(o, deterministic=True)[0]))
+    assert res[0].ops <= res[0].ops0

@@ -6,7 +6,8 @@ Each action runs one pass over the whole graph:
     dce            dead-code elimination (operators none of whose outputs is used)
     <family>       one of xrl's rule families (fusion, algebraic, ...) applied to a fixed point: while
                    some rewrite of the family lowers (op count, estimated cost), apply the one that lowers
-                   it most (at most `max_rewrites` per pass, so every pass ends)
+                   it most. The op count never rises and, at equal count, the cost falls strictly, so a
+                   pass ends; `max_rewrites` (default 4 x the op count) is only a safety net
 
 Observation (as in XLA-Gym): `op_counts`, the number of operators of each OP_VOCAB type (unknown ops
 count as "other"), and `progress`, the fraction of the episode done. Episodes have a fixed length
@@ -90,10 +91,10 @@ def family_engine(family: str) -> Any:
     return RewriteEngine(rules)
 
 
-def run_family(graph: Graph, family: str, cost_model: Any, max_rewrites: int = 64) -> Graph:
+def run_family(graph: Graph, family: str, cost_model: Any, max_rewrites: int | None = None) -> Graph:
     """Apply the family's rewrites while one lowers (op count, estimated cost); the best one each time."""
     engine = family_engine(family)
-    for _ in range(max_rewrites):
+    for _ in range(max_rewrites if max_rewrites is not None else 4 * len(graph) + 16):
         best, best_key = None, (0, 0.0)
         for c in engine.candidates(graph):
             new = getattr(c, "cost_graph", None) or c.graph
@@ -109,7 +110,7 @@ def run_family(graph: Graph, family: str, cost_model: Any, max_rewrites: int = 6
     return graph
 
 
-def run_pass(graph: Graph, name: str, cost_model: Any, max_rewrites: int = 64) -> Graph:
+def run_pass(graph: Graph, name: str, cost_model: Any, max_rewrites: int | None = None) -> Graph:
     if name == "cse":
         return cse(graph)
     if name == "dce":
@@ -130,8 +131,9 @@ def transcendentals(graph: Graph) -> int:
 class PassOrderingEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, graph: Graph | str = "tiny_cnn", *, horizon: int = len(PASSES), reward: str = "ops",
-                 shaping: str = "none", gamma: float = 0.99, device: str = "h100", max_rewrites: int = 64,
+    def __init__(self, graph: Graph | str | Sequence[Graph | str] = "tiny_cnn", *, horizon: int = len(PASSES),
+                 reward: str = "ops", shaping: str = "none", gamma: float = 0.99, device: str = "h100",
+                 max_rewrites: int | None = None,
                  render_mode: str | None = None) -> None:
         from xrl.cost import get_cost_model
         from xrl.env.graph_rewrite import resolve_graph
@@ -155,7 +157,9 @@ class PassOrderingEnv(gym.Env):
             "op_counts": spaces.Box(0.0, 1e7, (len(self.vocab),), np.float32),
             "progress": spaces.Box(0.0, 1.0, (1,), np.float32),
         })
-        self._start = resolve_graph(graph)
+        # Several graphs: each reset draws one (seeded by reset's seed), so one env trains on a suite.
+        self._pool = [resolve_graph(g) for g in graph] if isinstance(graph, (list, tuple)) else None
+        self._start = self._pool[0] if self._pool else resolve_graph(graph)
         self._results: dict[tuple[str, str], Graph] = {}  # (graph hash, pass) -> result: passes are deterministic
         self._reset_state(self._start)
 
@@ -199,6 +203,8 @@ class PassOrderingEnv(gym.Env):
         graph = self._start
         if options and options.get("graph") is not None:
             graph = resolve_graph(options["graph"])
+        elif self._pool:
+            graph = self._pool[int(self.np_random.integers(len(self._pool)))]
         self._reset_state(graph)
         return self._obs(), self._info()
 
