@@ -334,3 +334,40 @@ def test_killed_writers_temporaries_are_removed(tmp_path):
     os.utime(legacy, (old, old))
     save_onnx(two_matmul_model(), tmp_path / "m.onnx")
     assert sorted(os.listdir(tmp_path)) == sorted(["m.onnx", live.name, other.name])
+
+
+# ----- item 4: enumeration honours the time limit; a cap on matches per rule says when it cuts -----
+def fan_graph(n: int):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{i}") for i in range(n)]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(n)]
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2, 8]) for i in range(n)]
+    return from_onnx(_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])], outs, inits))
+
+
+def test_match_cap_per_rule_is_logged(caplog):
+    import logging
+
+    from xrl.rewrite import RewriteEngine
+
+    engine = RewriteEngine(max_matches=40)
+    with caplog.at_level(logging.INFO, logger="xrl.rewrite.engine"):
+        cands = engine.candidates(fan_graph(30))  # C(30,2) + C(30,3) = 4,495 merges uncapped
+    per_rule: dict[str, int] = {}
+    for c in cands:
+        per_rule[c.rule] = per_rule.get(c.rule, 0) + 1
+    assert per_rule and max(per_rule.values()) <= 40
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "XRL_MAX_MATCHES" in r.getMessage()]
+    assert warned and "merge_matmul" in warned[0].getMessage()
+
+
+def test_enumeration_stops_at_the_search_time_limit(monkeypatch):
+    import time
+
+    from xrl.api import get_cost, run_search
+
+    monkeypatch.setenv("XRL_MAX_MATCHES", "0")  # no cap: only the deadline bounds enumeration
+    graph = fan_graph(80)  # 85,320 candidates: about 30 s to enumerate
+    t0 = time.perf_counter()
+    run_search("greedy", graph, get_cost("analytic", "cpu"), seed=0, steps=None, time_limit=1.0, options={})
+    assert time.perf_counter() - t0 < 5

@@ -107,7 +107,10 @@ def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: 
     runner = _SEARCH_RUNNERS.get(method)
     if runner is None:
         raise XrlError(f"search method {method!r} is not available in this version of xrl")
-    return runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
+    from xrl.rewrite.match import enumeration_deadline
+
+    with enumeration_deadline(time_limit):  # enumerating one state's candidates stops at the limit too
+        return runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
 
 
 def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,

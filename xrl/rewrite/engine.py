@@ -17,6 +17,8 @@ or binding got there first).
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +34,27 @@ from xrl.ir.ops import infer_types, op_kind
 from xrl.rewrite.attrs import emitted
 from xrl.rewrite.expr import EvalError
 from xrl.rewrite.lang import Alias, Arg, ConstArg, OpNode, Rule
-from xrl.rewrite.match import GraphIndex, Match, Matcher
+from xrl.rewrite.match import GraphIndex, Match, Matcher, past_deadline
+
+log = logging.getLogger(__name__)
+
+MAX_MATCHES_ENV = "XRL_MAX_MATCHES"
+# Candidates one rule may contribute per graph. Real graphs stay far below it; N ops sharing one input
+# give a merge rule O(N^2) or O(N^3) matches (80 MatMuls: 85,320 candidates), which it cuts.
+DEFAULT_MAX_MATCHES = 1000
+
+
+def max_matches_default() -> int:
+    raw = os.environ.get(MAX_MATCHES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_MATCHES
+    try:
+        value = int(raw)
+    except ValueError:
+        from xrl.errors import ConfigError
+
+        raise ConfigError(f"{MAX_MATCHES_ENV}={raw!r} is not a whole number") from None
+    return value if value > 0 else 2**62  # 0 or less: no cap
 
 if TYPE_CHECKING:
     from xrl.rewrite.rules import RuleSet
@@ -244,10 +266,15 @@ class RewriteEngine:
     """Enumerates the candidates of a graph under a rule set (by default the verified built-in rules)."""
 
     def __init__(self, rules: RuleSet | Sequence[Rule] | None = None, *, max_growth: float = 2.0,
-                 exact_dedup: bool = False) -> None:
+                 exact_dedup: bool = False, max_matches: int | None = None) -> None:
         """max_growth: drop candidates with more than max_growth x the original graph's op count.
         exact_dedup: also drop candidates whose rewritten graph has the canonical hash of the current
-        graph or of an earlier candidate, when different nodes were rewritten (see `candidates`)."""
+        graph or of an earlier candidate, when different nodes were rewritten (see `candidates`).
+        max_matches: candidates one rule may give per graph (default $XRL_MAX_MATCHES, else
+        DEFAULT_MAX_MATCHES); the rest of its matches are not enumerated, and the cut is logged."""
+        self.max_matches = max_matches if max_matches is not None else max_matches_default()
+        self.cut_rules: Counter[str] = Counter()  # rule -> graphs where the cap cut its matches
+        self.timed_out = 0  # enumerations stopped by a search's deadline
         if rules is None:
             from xrl.rewrite.rules import load_rules
 
@@ -282,11 +309,19 @@ class RewriteEngine:
         hashes = {graph.canonical_hash} if self.exact_dedup else set()
         out: list[Candidate] = []
         for matcher in self._matchers:
+            if past_deadline():
+                self.timed_out += 1
+                log.info("candidate enumeration stopped at the time limit (%d candidates, before rule %s)",
+                         len(out), matcher.rule.name)
+                break
             node_sets: set[frozenset[str]] = set()
             for match in matcher.matches(index):
                 key = frozenset(n.name for n in match.nodes)
                 if key in node_sets:
                     continue  # the same nodes under a symmetric binding (a+b vs b+a, Q/K/V in any order)
+                if len(node_sets) >= self.max_matches:
+                    self._cut(matcher.rule.name)
+                    break
                 built = _Builder(index, matcher.rule, match, self._memo).build()
                 if built is None:
                     continue
@@ -306,6 +341,14 @@ class RewriteEngine:
                     hashes.add(h)
                 out.append(cand)
         return out
+
+
+    def _cut(self, rule: str) -> None:
+        first = rule not in self.cut_rules
+        self.cut_rules[rule] += 1
+        log.log(logging.WARNING if first else logging.INFO,
+                "rule %s matched more than %d places in one graph; only the first %d are candidates "
+                "(raise %s to see more)", rule, self.max_matches, self.max_matches, MAX_MATCHES_ENV)
 
 
 def _creates_cycle(index: GraphIndex, cand: Candidate) -> bool:

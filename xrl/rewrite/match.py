@@ -9,6 +9,9 @@ never looks at a MatMul. Each `where` conjunct runs as soon as the variables it 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +23,34 @@ from xrl.ir import Graph, Node, TensorType
 from xrl.rewrite.attrs import COMMUTATIVE, normalized, same
 from xrl.rewrite.expr import EvalError, function_table
 from xrl.rewrite.lang import Arg, Condition, OpNode, Rule
+
+# The time.perf_counter() by which enumeration must stop (a search's time limit), or None.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("xrl_enumeration_deadline", default=None)
+
+
+@contextlib.contextmanager
+def enumeration_deadline(seconds: float | None) -> Iterator[None]:
+    """Within this block, matching and candidate enumeration stop `seconds` from now (a search's
+    `--time-limit`), even in the middle of one state's candidates; None leaves an outer deadline."""
+    if seconds is None:
+        yield
+        return
+    at = time.perf_counter() + max(seconds, 0.0)
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(at if outer is None else min(at, outer))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def deadline() -> float | None:
+    return _DEADLINE.get()
+
+
+def past_deadline() -> bool:
+    at = _DEADLINE.get()
+    return at is not None and time.perf_counter() >= at
 
 
 class GraphIndex:
@@ -95,6 +126,7 @@ class Matcher:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.plans = [self._plan(a) for a in range(len(rule.source))]
+        self._deadline: float | None = None
         self._internal = [v for v in sorted(rule.defined) if v not in rule.roots]
 
     def _plan(self, anchor: int) -> tuple[_Step, ...]:
@@ -138,6 +170,7 @@ class Matcher:
             return
         plan = self.plans[counts.index(min(counts))]
         assigned: list[Node | None] = [None] * len(src)
+        self._deadline = deadline()
         yield from self._search(index, plan, 0, {}, assigned, set())
 
     def _search(self, index: GraphIndex, plan: tuple[_Step, ...], k: int, env: dict[str, Any],
@@ -159,6 +192,8 @@ class Matcher:
         for node in options:
             if node.name in used:
                 continue
+            if self._deadline is not None and time.perf_counter() >= self._deadline:
+                return  # the search's time is up: a rule over many nodes must not outlast it
             for env2 in _bind(index, pat, node, env):
                 if not all(_holds(c, env2, index) for c in step.conditions):
                     continue
