@@ -104,7 +104,9 @@ def validate(env: GraphRewriteEnv, state: EnvState, *, seed: int = 0, rtol: floa
     except ConfigError as e:
         return ValidationResult(False, False, False, math.nan, math.inf, (str(e),))
     reward = replay.episode_reward
-    reward_ok = math.isclose(reward, state.reward, rel_tol=1e-6, abs_tol=1e-6)
+    # A measured cost (onnxruntime timing) is noisy: its reward cannot be reproduced, only the graph.
+    measured = bool(getattr(env.cost_model, "measured", False))
+    reward_ok = measured or math.isclose(reward, state.reward, rel_tol=1e-6, abs_tol=1e-6)
     if not reward_ok:
         errors.append(f"replay earned reward {reward:.6g}, the state says {state.reward:.6g}")
     ref = reference_model(replay._source, replay._start)
