@@ -7,6 +7,9 @@ TF ports such as timm's tf_efficientnet write it), exported by torch's TorchScri
   Pad before every 3x3/5x5 conv. onnxruntime folds these Pads into the Convs itself (PadFusion).
 - resnet18_same: ResNet-18 with a zero Pad before the 7x7 stem and every 3x3 conv, and a -inf Pad before the
   3x3 stride-2 MaxPool, which onnxruntime leaves as a Pad.
+- resnet50_keras: ResNet-50 laid out as keras.applications has it: a zero Pad before the stem conv, and a zero
+  Pad between the stem's Relu and the MaxPool, which onnxruntime leaves (xrl folds it: the Relu makes zero as
+  good as -inf).
 
 Each model is Pad-folded with xrl's `fold_pad_*` rules only (applied until none matches), checked against the
 original under onnxruntime, and timed: onnxruntime, ORT_ENABLE_ALL, one thread; three models (the original,
@@ -18,7 +21,7 @@ and the CPU time of the calling thread are taken: with one intra-op thread onnxr
 thread, so its CPU time is not inflated when other processes take the core away (a loaded shared machine);
 cache and memory-bandwidth contention still show in it.
 
-    .venv/bin/python experiments/bench_pad_fold.py [--models effnet_b0_same,resnet18_same] [--rounds 10]
+    .venv/bin/python experiments/bench_pad_fold.py [--models effnet_b0_same,resnet18_same,resnet50_keras] [--rounds 10]
         [--runs 10] [--out experiments/results/pad_fold_cpu.md]
 """
 
@@ -141,7 +144,41 @@ class ResNet18Same(nn.Module):
         return self.net(x)
 
 
-MODELS = {"effnet_b0_same": EffNetB0Same, "resnet18_same": ResNet18Same}
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, mid: int, s: int) -> None:
+        super().__init__()
+        cout = 4 * mid
+        self.body = nn.Sequential(nn.Conv2d(cin, mid, 1, s, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, mid, 3, 1, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, s, bias=False), nn.BatchNorm2d(cout))
+                     if s != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.down(x))
+
+
+class ResNet50Keras(nn.Module):
+    """keras.applications.ResNet50's layout: ZeroPadding2D(3), a valid 7x7 stem, Relu, ZeroPadding2D(1), a valid
+    3x3 MaxPool, then bottlenecks (strided 1x1 convs, as Keras has them)."""
+
+    def __init__(self, size: int = 224) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.ZeroPad2d(3), nn.Conv2d(3, 64, 7, 2, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                   nn.ZeroPad2d(1), nn.MaxPool2d(3, 2)]
+        cin = 64
+        for mid, n, s in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(n):
+                layers.append(Bottleneck(cin, mid, s if i == 0 else 1))
+                cin = 4 * mid
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+MODELS = {"effnet_b0_same": EffNetB0Same, "resnet18_same": ResNet18Same, "resnet50_keras": ResNet50Keras}
 
 
 def export(name: str, size: int = 224) -> onnx.ModelProto:
