@@ -34,8 +34,11 @@ class OptimizeResult:
     verified: bool
     max_abs_err: float
     output: str | None
-    original_nodes: int = 0
-    optimized_nodes: int = 0
+    original_nodes: int = 0  # nodes of the model as given (the user's file)
+    optimized_nodes: int = 0  # nodes of the file written (or that would be written)
+    target: str = ""
+    estimate: bool = True  # the costs are estimates (an analytic model), not timings
+    prepasses: list[dict[str, Any]] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] | None = None  # `measure_speedup(...).to_json()` when asked to measure
@@ -67,10 +70,18 @@ def check_output_path(output: str | Path, source: Path | None, *, force: bool) -
     return out
 
 
-def get_cost(name: str, device: str | None, **options: Any) -> CostModel:
-    """A cost model by name. For the analytic model, device None or "auto" means this machine's
-    profile (its NVIDIA GPU's, else cpu) and "cuda" its GPU's; measured models take them as they are."""
-    from xrl.cost import get_cost_model
+def get_cost(name: str, device: str | None, target: str | None = None, **options: Any) -> CostModel:
+    """A cost model by name. "target" is the estimate of what `target` (None: this machine's default)
+    runs; under the research target `paper` that is the per-op analytic model on its profile. For the
+    analytic model, device None or "auto" means this machine's profile (its NVIDIA GPU's, else cpu)
+    and "cuda" its GPU's; measured models take them as they are."""
+    from xrl.cost import get_cost_model, get_target
+
+    if name == "target":
+        tgt = get_target(target, device)
+        if tgt.runtime == "kernels":
+            return get_cost_model("analytic", device=device or tgt.device_profile, **options)
+        return get_cost_model("target", device=device, target=tgt.name, **options)
 
     if name == "analytic" and device in (None, "auto", "cuda"):
         from xrl.cost.devices import gpu_model_names, this_machine_profile
@@ -108,8 +119,12 @@ def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: 
     if runner is None:
         raise XrlError(f"search method {method!r} is not available in this version of xrl")
     from xrl.rewrite.match import enumeration_deadline
+    from xrl.search.progress import DEFAULT_TIME_LIMIT_S, search_progress
 
-    with enumeration_deadline(time_limit):  # enumerating one state's candidates stops at the limit too
+    if time_limit is None and method != "tensat":  # tensat's saturation and ILP have limits of their own
+        time_limit = DEFAULT_TIME_LIMIT_S
+    # enumerating one state's candidates stops at the limit too; a terminal shows the progress
+    with enumeration_deadline(time_limit), search_progress(method, cost, graph, time_limit):
         return runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
 
 
@@ -119,7 +134,7 @@ def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
     from xrl.search.greedy import greedy_search
 
     screen_top = int(options.get("screen_top", 8))
-    screen = measured_screen(cost) if not cost.per_op and screen_top > 0 else None
+    screen = measured_screen(cost) if cost.measured and screen_top > 0 else None
     res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit, screen=screen,
                         screen_top=max(screen_top, 1))
     return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored, **res.details})
@@ -171,32 +186,55 @@ def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:
 
 
 def optimize(model: str | LoadedModel, *, output: str | Path | None = None, search: str = "greedy",
-             cost: str = "analytic", device: str | None = None, seed: int = 0, steps: int | None = None,
+             cost: str = "target", device: str | None = None, target: str | None = None,
+             prepass: Sequence[str] | None = None, seed: int = 0, steps: int | None = None,
              time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
              force: bool = False, verify_trials: int = 2, search_options: Mapping[str, Any] | None = None,
              cost_options: Mapping[str, Any] | None = None, measure: str | None = None,
              measure_options: Mapping[str, Any] | None = None, measure_rounds: int = 5) -> OptimizeResult:
-    """Optimise a model and (with `output`) write the verified result as ONNX.
+    """Optimise a model for `target` (None: this machine's default) and (with `output`) write the
+    verified result as ONNX.
+
+    The pipeline: the target's pre-passes (`prepass`, None: the target's own; () for none) run on
+    the model, xrl's search runs from their result under `cost` ("target": the estimate of the
+    kernels the target's runtime runs), and the written file is what is reported: its node count,
+    and its cost as re-imported from the exported ONNX. If the pre-passes' result is estimated
+    slower than the original, the search starts from the original instead.
 
     With `measure` (an e2e engine: "auto", "ort" or "torch"), the original and the optimised graph
     are also timed end to end on this machine, in alternating rounds (`xrl.cost.speedup`), and the
     measured speed-up with its verdict is returned in `measured`. `measure_options` go to
     `measure_model` (repeats, warmup, threads)."""
-    from xrl.frontends.onnx_io import save_onnx, to_onnx
+    from xrl.cost import get_target
+    from xrl.frontends.onnx_io import from_onnx, save_onnx, to_onnx
     from xrl.frontends.verify import compare_models
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model, input_shapes=input_shapes, seed=seed)
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
-    cost_model = get_cost(cost, device, **dict(cost_options or {}))
+    tgt = get_target(target, device)
+    cost_model = get_cost(cost, device, target=tgt.name, **dict(cost_options or {}))
     original_cost = cost_model.cost(loaded.graph)
     t0 = time.perf_counter()
-    outcome = run_search(search, loaded.graph, cost_model, seed=seed, steps=steps, time_limit=time_limit,
-                         options=search_options or {})
+    start, reports = _prepassed(loaded, tgt.prepasses if prepass is None else tuple(prepass), input_shapes)
+    if start is not loaded.graph and cost_model.cost(start) > original_cost:
+        reports.append({"name": "(all)", "applied": False, "detail": "dropped: estimated slower than the original"})
+        start = loaded.graph
+    while True:
+        outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
+                             options=search_options or {})
+        best = outcome.graph.validate()
+        exported = to_onnx(best)
+        check = compare_models(loaded.reference, exported, seed=seed, trials=verify_trials)
+        if check.ok or start is loaded.graph:
+            break
+        # a pre-pass changed what the model computes (beyond float32 tolerance): search from the original
+        reports.append({"name": "(all)", "applied": False, "detail": f"dropped: failed verification ({check.detail})"})
+        start = loaded.graph
     elapsed = time.perf_counter() - t0
-    best = outcome.graph.validate()
-    optimized_cost = cost_model.cost(best)  # recomputed from the graph itself, never taken from the search
-    exported = to_onnx(best)
-    check = compare_models(loaded.reference, exported, seed=seed, trials=verify_trials)
+    # What is reported is the file: its cost is that of the exported model read back, never the search's
+    # (the research target's fused forms exist only in the IR: its estimate is of the searched graph)
+    written = from_onnx(exported, name=loaded.graph.name) if tgt.runtime == "onnxruntime" else best
+    optimized_cost = cost_model.cost(written)
     if not check.ok:
         raise VerificationError(f"the optimised graph does not compute what the original computes "
                                 f"({check.detail}); nothing was written. Please report this with the model.")
@@ -212,5 +250,24 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
         rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
-        output=str(out_path) if out_path else None, original_nodes=len(loaded.graph), optimized_nodes=len(best),
-        steps=outcome.steps, details=outcome.details, measured=measured)
+        output=str(out_path) if out_path else None, original_nodes=len(loaded.reference.graph.node),
+        optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
+        target=tgt.name, estimate=not cost_model.measured, prepasses=reports)
+
+
+def _prepassed(loaded: LoadedModel, names: Sequence[str],
+               input_shapes: Mapping[str, Sequence[int]] | None) -> tuple[Graph, list[dict[str, Any]]]:
+    """The IR graph the search starts from: the model after the pre-passes (`xrl.frontends.prepass`),
+    or the loaded graph itself when none applies."""
+    if not names:
+        return loaded.graph, []
+    from xrl.frontends.onnx_io import from_onnx
+    from xrl.frontends.prepass import run_prepasses
+
+    def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
+        from_onnx(m, input_shapes, name=loaded.graph.name).validate()
+
+    out, reports = run_prepasses(loaded.reference, names, check=importable)
+    if not any(r.applied for r in reports):
+        return loaded.graph, [r.to_json() for r in reports]
+    return from_onnx(out, input_shapes, name=loaded.graph.name), [r.to_json() for r in reports]

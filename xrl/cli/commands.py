@@ -9,7 +9,7 @@ from pathlib import Path
 
 from xrl.cli.output import format_table, human_count, human_seconds, print_json
 
-COST_CHOICES = ("analytic", "ort", "op", "e2e", "cuda")
+COST_CHOICES = ("target", "analytic", "ort", "op", "e2e", "cuda")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +20,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cost", default="analytic", choices=COST_CHOICES, help="cost backend (default analytic)")
+    from xrl.cost.targets import TARGETS
+
+    p.add_argument("--target", default=None, choices=(*TARGETS, "auto"),
+                   help="what will run the model: ort-cpu, ort-cuda (onnxruntime on that provider; its own fusions "
+                        "are applied before costing), or paper (the research setting of TASO/Tensat/X-RLflow: one "
+                        "H100 kernel per op, unfused baseline). Default: ort-cuda with an NVIDIA GPU, else ort-cpu")
+    p.add_argument("--cost", default="target", choices=COST_CHOICES,
+                   help="cost backend (default target: the estimate of the kernels the target runs)")
     p.add_argument("--device", default=None, help="device profile of the analytic model (h100, a100, v100, gtx1080, "
                    "cpu, or cuda: this machine's GPU), or cpu/cuda for measured backends; default: this machine "
                    "(the profile of its NVIDIA GPU, else cpu)")
@@ -71,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the optimised model")
     p.add_argument("--search", default="greedy", help="none | greedy | random | taso | tensat | rl (default greedy)")
+    p.add_argument("--prepass", default=None, metavar="PASSES",
+                   help="clean-up passes run before the search, comma-separated: onnxslim, ort-transformers, or none "
+                        "(default: the target's: both for the onnxruntime targets, none for paper)")
     p.add_argument("--steps", type=int, help="rewrite budget (random: steps taken; greedy/rl: at most)")
     p.add_argument("--time-limit", type=float, help="seconds the search may take")
     p.add_argument("--seed", type=int, default=0)
@@ -155,14 +165,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     loaded = load(args)
     options = {"repeats": args.repeats} if args.repeats else {}
-    model = get_cost(args.cost, args.device, **options)
+    model = get_cost(args.cost, args.device, target=args.target, **options)
     t0 = time.perf_counter()
     m = model.measure(loaded.graph)
     elapsed = time.perf_counter() - t0
     result = {"model": loaded.source, "cost_model": model.describe(), "cost_s": m.median_s, "repeats": m.repeats,
               "cv": m.cv, "min_s": m.min_s, "max_s": m.max_s, "nodes": len(loaded.graph), "time_s": elapsed}
     top = []
-    if args.per_op and model.per_op:
+    if args.per_op and not model.measured:
         costs = model.op_costs(loaded.graph)
         top = sorted(costs.items(), key=lambda kv: -kv[1])[:15]
         result["top_ops"] = [{"node": n, "op": loaded.graph.nodes[n].op, "cost_s": c} for n, c in top]
@@ -204,23 +214,33 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         from xrl.errors import ConfigError
 
         raise ConfigError(f"--measure-repeats must be at least 1, not {args.measure_repeats}")
+    prepass = None if args.prepass is None else [p for p in args.prepass.split(",") if p and p != "none"]
     res = optimize(loaded, output=args.output, search=args.search, cost=args.cost, device=args.device,
+                   target=args.target, prepass=prepass,
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
                    search_options=options, measure=args.measure,
                    measure_options={"repeats": args.measure_repeats})
     if args.json:
         print_json(res.to_json())
         return 0
+    kind = "estimated" if res.estimate else "measured"
     print(f"{res.input}: {human_seconds(res.original_cost)} -> {human_seconds(res.optimized_cost)} "
-          f"({res.speedup:.3f}x) under {res.cost_model}; {res.rewrites} rewrites by {res.search} "
-          f"in {res.time_s:.2f} s; {res.original_nodes} -> {res.optimized_nodes} ops")
+          f"({res.speedup:.3f}x {kind}) for target {res.target} ({res.cost_model}); {res.rewrites} rewrites "
+          f"by {res.search} in {res.time_s:.2f} s; {res.original_nodes} -> {res.optimized_nodes} ops in the "
+          f"written file")
+    for r in res.prepasses:
+        if r["applied"]:
+            print(f"pre-pass {r['name']}: {r['nodes_before']} -> {r['nodes_after']} ops"
+                  f"{'; ' + r['detail'] if r['detail'] else ''}")
+        elif r["detail"] and r["detail"].startswith("dropped"):
+            print(f"pre-pass {r['name']} {r['detail']}")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
     if res.measured:
         print(measured_line(res.measured))
         if res.measured["verdict"] == "slower":
-            advice = ("search under measured cost (--cost e2e) instead" if args.cost in ("analytic", "op")
+            advice = ("search under measured cost (--cost e2e) instead" if args.cost in ("target", "analytic", "op")
                       else "the search's own timings did not hold up; keep the original model")
-            if args.cost == "analytic" and args.device not in (None, "auto", "cuda"):
+            if args.cost in ("target", "analytic") and args.device not in (None, "auto", "cuda"):
                 from xrl.cost.devices import this_machine_profile
 
                 if args.device != this_machine_profile():

@@ -5,6 +5,7 @@
     op        each distinct operator configuration timed alone through PyTorch (TASO), cached on disk
     e2e       the whole graph timed with onnxruntime or a PyTorch executor (CUDA graphs on a GPU)
     cuda      op or e2e timing through the native harness in cuda/ (needs a GPU)
+    target    the roofline of the kernels a target's runtime runs after its own fusions (xrl.cost.targets)
 
 To add a backend: subclass `CostModel` with a keyword-only `__init__(self, *, device=None, ...)`,
 import heavy libraries inside its methods (so `import xrl.cost` stays cheap), and add one line to
@@ -22,6 +23,7 @@ from xrl.cost.devices import DEVICE_PROFILES, DeviceProfile, get_device
 from xrl.cost.e2e import CudaCostModel, E2ECostModel  # torch loads inside their methods
 from xrl.cost.op_measured import OpMeasuredCostModel
 from xrl.cost.ort import OrtCostModel
+from xrl.cost.targets import TARGETS, Target, TargetCostModel, default_target, get_target
 from xrl.errors import ConfigError
 
 COST_MODELS: dict[str, type[CostModel]] = {
@@ -30,6 +32,7 @@ COST_MODELS: dict[str, type[CostModel]] = {
     "op": OpMeasuredCostModel,
     "e2e": E2ECostModel,
     "cuda": CudaCostModel,
+    "target": TargetCostModel,
 }
 
 
@@ -58,6 +61,11 @@ __all__ = [
     "DeviceProfile",
     "Measurement",
     "OrtCostModel",
+    "TARGETS",
+    "Target",
+    "TargetCostModel",
+    "default_target",
+    "get_target",
     "get_cost_model",
     "get_device",
     "op_key",

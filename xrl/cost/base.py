@@ -38,6 +38,7 @@ class CostModel(ABC):
 
     name: str = "base"
     per_op: bool = True  # True: graph cost is the sum of op costs, and delta_cost is exact
+    measured: bool = False  # True: a noisy timing, which a search must confirm before it trusts a gain
 
     def __init__(self) -> None:
         self._op_cache: dict[tuple, float] = {}
@@ -94,6 +95,7 @@ class WholeGraphCostModel(CostModel):
     """
 
     per_op = False
+    measured = True
     cache: bool = True
 
     def __init__(self) -> None:

@@ -147,6 +147,7 @@ class CudaCostModel(CostModel):
                                              seed=seed, dtype=dtype, timer="harness", cuda_graph=True,
                                              flush_l2=flush_l2)
         self.per_op = self.inner.per_op
+        self.measured = self.inner.measured
 
     def op_cost(self, node: Node, graph: Graph) -> float:
         return self.inner.op_cost(node, graph)

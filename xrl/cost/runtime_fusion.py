@@ -104,7 +104,7 @@ class _Walker:
 
     def const_equals(self, value: str, target: float, rtol: float = 1e-3) -> bool:
         c = self.const(value)
-        return c is not None and c.size == 1 and bool(np.isclose(float(c.reshape(())), target, rtol=rtol))
+        return c is not None and c.size == 1 and abs(float(c.reshape(())) - target) <= rtol * abs(target)
 
     def other_input(self, node: Node, value: str) -> str | None:
         ins = [v for v in node.inputs if v]
@@ -235,7 +235,8 @@ class _Walker:
                 break
             if p.op in ("Mul", "Div") and self.is_scalar_const(p.inputs[1]) and not found and not behind_reshape:
                 i = self.unfused(p, p.op)
-            elif p.op == "Transpose" and (self._swaps_last_two(p) or (batch and behind_reshape and self._batch_transpose(p))):
+            elif p.op == "Transpose" and (self._swaps_last_two(p)
+                                          or (batch and behind_reshape and self._batch_transpose(p))):
                 i = self.unfused(p, "Transpose")
             elif p.op == "Reshape" and not found and not behind_reshape:
                 value, behind_reshape = p.inputs[0], True
@@ -408,8 +409,12 @@ def deduplicate(graph: Graph) -> Graph:
     for n in graph.topological_order:
         if n.op in ("Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"):
             continue
-        key = (n.domain, n.op, n.attr_key(), tuple(key_of(v) for v in n.inputs), len(n.outputs))
+        # attributes are compared only when op and inputs agree (attr_key is the expensive part)
+        key = (n.domain, n.op, tuple(key_of(v) for v in n.inputs), len(n.outputs))
         rep = seen.setdefault(key, n)
+        if rep is not n and rep.attr_key() != n.attr_key():
+            seen.setdefault((*key, n.attr_key()), n)
+            continue
         if rep is not n:
             remove.append(n.name)
             rename.update(zip(n.outputs, rep.outputs))

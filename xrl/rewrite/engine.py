@@ -34,7 +34,7 @@ from xrl.ir.ops import infer_types, op_kind
 from xrl.rewrite.attrs import emitted
 from xrl.rewrite.expr import EvalError
 from xrl.rewrite.lang import Alias, Arg, ConstArg, OpNode, Rule
-from xrl.rewrite.match import GraphIndex, Match, Matcher, past_deadline
+from xrl.rewrite.match import GraphIndex, Match, Matcher, on_step, past_deadline
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,8 @@ class Candidate:
         from the delta for per-op models (no graph is built), else by costing `graph`."""
         if getattr(cost_model, "per_op", False):
             return cost_model.delta_cost(self.parent, parent_cost, self.cost_graph, self.removed, self.added)
+        if not getattr(cost_model, "measured", True):  # an estimate reads structure and types only
+            return cost_model.cost(self.skeleton)
         return cost_model.cost(self.graph)
 
     def info(self) -> CandidateInfo:
@@ -303,6 +305,7 @@ class RewriteEngine:
         only by the canonical hash, which `exact_dedup=True` also compares, at the price of building
         and hashing each candidate's structure.
         """
+        on_step(graph)  # a search step: the progress display, if one is shown
         index = GraphIndex(graph)
         limit = self.max_growth * (original_nodes if original_nodes is not None else len(graph))
         seen: set[tuple] = set()

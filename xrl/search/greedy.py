@@ -8,7 +8,7 @@ Ties go to the first candidate in the engine's (deterministic) order. The cost s
 every step, so the search ends. A per-op cost model costs a candidate from the nodes it removes
 and adds, without building its graph; only the chosen candidate's graph is built.
 
-Under a whole-graph measured cost (`per_op` False: onnxruntime, end-to-end timing) the cheapest of
+Under a measured whole-graph cost (`measured` True: onnxruntime, end-to-end timing) the cheapest of
 many noisy timings is biased low (the winner's curse): a step is taken only when fresh, alternating
 timings of the two graphs confirm it beyond their noise (`xrl.cost.speedup`). The best CONFIRM_TRIES
 candidates are tried in order; when none is confirmed, the search stops.
@@ -45,7 +45,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     `screen_top` candidates it estimates cheapest."""
     if screen is not None and (not screen.per_op or screen_top < 1):
         raise ValueError("a screen must be a per-op cost model, with screen_top >= 1")
-    screening = screen is not None and not cost_model.per_op
+    screening = screen is not None and cost_model.measured
     engine = engine if engine is not None else RewriteEngine()
     t0 = time.perf_counter()
     original_cost = cost = cost_model.cost(graph)
@@ -67,7 +67,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
             if c < cost * (1 - MIN_GAIN):
                 improving.append((c, i, cand))
         improving.sort(key=lambda t: (t[0], t[1]))  # cheapest first; ties to the engine's order
-        if not cost_model.per_op:  # noisy timings: keep the first improvement that re-timing confirms
+        if cost_model.measured:  # noisy timings: keep the first improvement that re-timing confirms
             confirmed = []
             for c, i, cand in improving[:CONFIRM_TRIES]:
                 confirmations += 1
@@ -84,4 +84,4 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     return SearchResult(graph=graph, cost=final, original_cost=original_cost, steps=steps, explored=explored,
                         time_s=time.perf_counter() - t0, method="greedy",
                         details={"confirmations": confirmations, "screen": screen.describe() if screening else None,
-                                 "screen_top": screen_top if screening else None} if not cost_model.per_op else {})
+                                 "screen_top": screen_top if screening else None} if cost_model.measured else {})

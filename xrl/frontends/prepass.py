@@ -1,0 +1,148 @@
+"""Clean-up passes of well-kept libraries, run on the ONNX model before xrl's own search.
+
+What a practitioner would run instead of xrl, xrl runs first, so its search starts from the best
+the peers give and its output is never behind them (DESIGN.md: prefer a well-kept library to code
+written again):
+
+    onnxslim          constant folding, dead-code and shape-chain removal, Pad folded into Conv, ...
+    ort-transformers  onnxruntime's transformers optimizer: attention, SkipLayerNorm, (Bias)Gelu and
+                      embedding fusions into the contrib ops the CPU and CUDA providers execute.
+                      It needs a model type; xrl tries bert and gpt2 and keeps the one that fuses most.
+
+Each pass is checked on its own: its output must import into the IR (`check`), or it is skipped
+and the report says why; a pass that changes nothing is reported as such. What they compute is
+checked once, on the final model against the user's original (`xrl.api.optimize`, which searches
+again from the original when that check fails): a session per pass would double the time on
+large models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import onnx
+
+PREPASSES = ("onnxslim", "ort-transformers")
+CONTRIB_DOMAIN = "com.microsoft"
+# the ops whose presence makes a model worth the transformers optimizer's time
+_TRANSFORMER_HINTS = {"Softmax", "LayerNormalization", "ReduceMean", "Erf"}
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassReport:
+    name: str
+    applied: bool
+    nodes_before: int
+    nodes_after: int
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def histogram(model: onnx.ModelProto) -> Counter:
+    return Counter(f"{n.domain}:{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                   for n in model.graph.node)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The libraries print banners and log at INFO/WARNING; xrl's stdout must stay one JSON document."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _onnxslim(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    import onnxslim
+
+    with _quiet():
+        out = onnxslim.slim(copy.deepcopy(model))
+    return out, ""
+
+
+def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    ops = {n.op_type for n in model.graph.node}
+    if not ops & _TRANSFORMER_HINTS:
+        return model, "no attention or normalisation ops"
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    best, best_type, best_fused = model, "", 0
+    for model_type in ("bert", "gpt2"):
+        if any(n.op_type == "Attention" for n in best.graph.node):
+            break  # the encoder fusions found attention: the decoder ones will not add to it
+        try:
+            with _quiet():
+                out = optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=0, hidden_size=0,
+                                     opt_level=0, use_gpu=False).model
+        except Exception as e:  # the optimizer's fusions assert on shapes they do not expect
+            log.info("ort-transformers (%s) failed: %s", model_type, e)
+            continue
+        fused = sum(1 for n in out.graph.node if n.domain == CONTRIB_DOMAIN)
+        if fused > best_fused:
+            best, best_type, best_fused = out, model_type, fused
+    if not best_fused:
+        return model, "no fusion applies"
+    return _typed(best), f"model type {best_type}: {best_fused} fused ops"
+
+
+def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Declare the contrib domain and record the shapes of contrib-op outputs (onnx's own shape
+    inference does not know them; onnxruntime's symbolic inference does)."""
+    if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    with _quiet():
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+
+
+_RUNNERS: dict[str, Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]] = {
+    "onnxslim": _onnxslim,
+    "ort-transformers": _ort_transformers,
+}
+
+
+def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
+                  check: Callable[[onnx.ModelProto], None] | None = None) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """Run the named passes in order. Each result must pass `check` (import into the IR, say: it raises
+    on failure), else it is dropped."""
+    from xrl.frontends.onnx_io import brief_error
+
+    reports = []
+    for name in names:
+        if name not in _RUNNERS:
+            from xrl.errors import ConfigError
+
+            raise ConfigError(f"unknown pre-pass {name!r}; choose from: {', '.join(PREPASSES)}")
+        before = len(model.graph.node)
+        if model.ByteSize() > 2 ** 31 - 2 ** 20 or os.environ.get("XRL_NO_PREPASS"):
+            reports.append(PassReport(name, False, before, before, "skipped (model over 2 GB, or XRL_NO_PREPASS)"))
+            continue
+        try:
+            out, detail = _RUNNERS[name](model)
+            if out is model or histogram(out) == histogram(model) and len(out.graph.initializer) == len(
+                    model.graph.initializer):
+                reports.append(PassReport(name, False, before, before, detail or "no change"))
+                continue
+            if check is not None:
+                check(out)
+        except Exception as e:  # a peer library failing on a model must not stop xrl: skip it, say why
+            reports.append(PassReport(name, False, before, before, f"dropped: {brief_error(e)}"))
+            continue
+        reports.append(PassReport(name, True, before, len(out.graph.node), detail))
+        model = out
+    return model, reports
