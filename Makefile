@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	    $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; }
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	@touch $(STAMP)
 
 # The main job on the embedded default: the built-in BERT graph, the shipped policy, the analytic
