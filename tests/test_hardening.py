@@ -371,3 +371,37 @@ def test_enumeration_stops_at_the_search_time_limit(monkeypatch):
     t0 = time.perf_counter()
     run_search("greedy", graph, get_cost("analytic", "cpu"), seed=0, steps=None, time_limit=1.0, options={})
     assert time.perf_counter() - t0 < 5
+
+
+# ----- item 5: long searches show progress on a terminal and have a default time limit -------------
+def test_progress_line_shows_step_speedup_and_elapsed():
+    import io
+
+    from xrl.api import get_cost
+    from xrl.rewrite import RewriteEngine
+    from xrl.search.greedy import greedy_search
+    from xrl.search.progress import search_progress
+
+    graph, cost, out = fan_graph(4), get_cost("analytic", "cpu"), io.StringIO()
+    with search_progress("greedy", cost, graph, 300.0, stream=out, force=True):
+        greedy_search(graph, cost, RewriteEngine())
+    text = out.getvalue()
+    assert "[greedy] step 1" in text and "speed-up 1.000x" in text and "elapsed 0 s / 300 s" in text
+    assert text.endswith("\r\033[K")  # erased at the end
+    quiet = io.StringIO()  # not a terminal: nothing drawn
+    with search_progress("greedy", cost, graph, 300.0, stream=quiet):
+        greedy_search(graph, cost, RewriteEngine())
+    assert quiet.getvalue() == ""
+
+
+def test_searches_have_a_default_time_limit(monkeypatch):
+    import time
+
+    import xrl.search.progress as progress
+    from xrl.api import get_cost, run_search
+
+    monkeypatch.setattr(progress, "DEFAULT_TIME_LIMIT_S", 1.0)
+    monkeypatch.setenv("XRL_MAX_MATCHES", "0")
+    t0 = time.perf_counter()
+    run_search("greedy", fan_graph(80), get_cost("analytic", "cpu"), seed=0, steps=None, time_limit=None, options={})
+    assert time.perf_counter() - t0 < 5

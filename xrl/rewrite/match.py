@@ -48,6 +48,37 @@ def deadline() -> float | None:
     return _DEADLINE.get()
 
 
+# Called with each graph whose candidates are enumerated (one search step): a progress display.
+_STEP_HOOK: contextvars.ContextVar[Any] = contextvars.ContextVar("xrl_step_hook", default=None)
+
+
+@contextlib.contextmanager
+def step_hook(hook: Any) -> Iterator[None]:
+    token = _STEP_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _STEP_HOOK.reset(token)
+
+
+@contextlib.contextmanager
+def outside_search() -> Iterator[None]:
+    """No deadline and no progress hook inside: for work a search triggers but does not own (verifying
+    the rules when the engine first loads them must not be cut short by the search's time limit)."""
+    t1, t2 = _DEADLINE.set(None), _STEP_HOOK.set(None)
+    try:
+        yield
+    finally:
+        _STEP_HOOK.reset(t2)
+        _DEADLINE.reset(t1)
+
+
+def on_step(graph: Graph) -> None:
+    hook = _STEP_HOOK.get()
+    if hook is not None:
+        hook(graph)
+
+
 def past_deadline() -> bool:
     at = _DEADLINE.get()
     return at is not None and time.perf_counter() >= at

@@ -117,9 +117,11 @@ def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool
     key = (tuple((r.name, r.family, r.text) for r in rules), seed, trials)
     if key in _MEMO:
         return _MEMO[key]
+    from xrl.rewrite.match import outside_search
     from xrl.rewrite.verify import verify_rules
 
-    checks = {c.name: c for c in verify_rules(rules, seed=seed, trials=trials)}
+    with outside_search():  # a search's time limit must not fail rules by cutting their checks short
+        checks = {c.name: c for c in verify_rules(rules, seed=seed, trials=trials)}
     ok = tuple(r for r in rules if checks[r.name].ok)
     rejected = tuple(r.name for r in rules if not checks[r.name].ok)
     if rejected:
