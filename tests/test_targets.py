@@ -101,9 +101,9 @@ def test_a_fusion_the_runtime_does_gains_nothing():
     target, strawman = TargetCostModel(target="ort-cpu"), AnalyticCostModel(device="cpu")
     fusions = [c for c in RewriteEngine().candidates(graph) if c.rule.startswith("fuse_conv_bn")]
     assert fusions
-    for cand in fusions:
-        assert cand.delta_cost(strawman, strawman.cost(graph)) < strawman.cost(graph)  # the strawman credits it
-        assert cand.delta_cost(target, target.cost(graph)) == pytest.approx(target.cost(graph), rel=1e-9)
+    for cand in fusions:  # the strawman credits the fusion; the target sees weight bytes change at most
+        assert cand.delta_cost(strawman, strawman.cost(graph)) < strawman.cost(graph) * 0.99
+        assert cand.delta_cost(target, target.cost(graph)) == pytest.approx(target.cost(graph), rel=1e-3)
 
 
 def _conv_relu_model() -> onnx.ModelProto:
