@@ -212,8 +212,8 @@ def test_json_output_is_one_document_with_tensat(tmp_path):
 
     p = tmp_path / "m.onnx"
     onnx.save(two_matmul_model(), p)
-    proc = subprocess.run([sys.executable, "-m", "xrl", "optimize", str(p), "--search", "tensat", "--json",
-                           "--time-limit", "5", "-o", str(tmp_path / "o.onnx")],
+    proc = subprocess.run([sys.executable, "-m", "xrl", "optimize", str(p), "--search", "tensat", "--cost", "analytic",
+                           "--json", "--time-limit", "5", "-o", str(tmp_path / "o.onnx")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)  # the HiGHS banner used to come first
