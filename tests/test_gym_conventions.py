@@ -131,3 +131,15 @@ def test_cli_writes_replays_and_validates_states(tmp_path, suffix, capsys):
     st = read_states(out)[0]
     write_states([EnvState(st.graph, st.graph_hash, st.actions, st.reward + 5.0, st.cost)], out)
     assert main(["env", "replay", str(out), "--validate"]) == 1  # a reward the replay does not earn
+
+
+def test_an_env_over_several_graphs_draws_one_per_reset_and_pads_for_the_largest(engine):
+    env = gym.make("xrl/GraphRewrite-v0", graph=["mlp", "tiny_cnn"], engine=engine, horizon=3)
+    seen = set()
+    for seed in range(6):
+        obs, _ = env.reset(seed=seed)
+        assert env.observation_space.contains(obs)
+        seen.add(env.unwrapped.state.graph)
+    assert seen == {"mlp", "tiny_cnn"}
+    first = [env.reset(seed=1)[0]["num_nodes"][0] for _ in range(2)]
+    assert first[0] == first[1]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -98,7 +99,8 @@ def resolve_cost(cost: CostModel | str) -> CostModel:
 class GraphRewriteEnv(gym.Env):
     metadata = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 4}
 
-    def __init__(self, graph: Graph | str = DEFAULT_GRAPH, cost: CostModel | str = "analytic", *, engine: Any = None,
+    def __init__(self, graph: Graph | str | Sequence[Graph | str] = DEFAULT_GRAPH, cost: CostModel | str = "analytic",
+                 *, engine: Any = None,
                  horizon: int = 50, reward: str = "dense", reward_every: int = 1, shaping: str = "none",
                  gamma: float = 0.99, max_candidates: int | None = None, render_mode: str | None = None,
                  observation: str | None = None, max_nodes: int | None = None, max_edges: int | None = None) -> None:
@@ -133,11 +135,20 @@ class GraphRewriteEnv(gym.Env):
         n_actions = (max_candidates + 1) if max_candidates is not None else MAX_ACTIONS
         self.action_space = spaces.Discrete(n_actions)
         self.observation = observation
+        # Several graphs: each reset() draws one (from reset's seed), so one env trains on a suite.
+        self._pool: list[tuple[str | None, Graph]] | None = None
+        if isinstance(graph, (list, tuple)):
+            if not graph:
+                raise ConfigError("an empty list of graphs")
+            self._pool = [(g if isinstance(g, str) else None, resolve_graph(g)) for g in graph]
+            graph = self._pool[0][1] if self._pool[0][0] is None else self._pool[0][0]
         self._source = graph if isinstance(graph, str) else None  # how to load the start graph again
         self._start = resolve_graph(graph)
         self._observer: Observer | None = None
         if observation == "graph":
-            auto_nodes, auto_edges = default_maxima(self._start, getattr(self.engine, "max_growth", 2.0))
+            growth = getattr(self.engine, "max_growth", 2.0)
+            sizes = [default_maxima(g, growth) for g in ([g for _, g in self._pool] if self._pool else [self._start])]
+            auto_nodes, auto_edges = max(n for n, _ in sizes), max(e for _, e in sizes)
             layout = ObservationLayout(max_nodes or auto_nodes, max_edges or auto_edges, n_actions,
                                        len(getattr(self.engine, "rules", ())))
             self._observer = Observer(layout, [str(getattr(r, "name", r)) for r in getattr(self.engine, "rules", ())])
@@ -265,12 +276,15 @@ class GraphRewriteEnv(gym.Env):
 
     # ----- gymnasium API ---------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Start from the configured graph, or from `options["graph"]` (a Graph or built-in name) from now on."""
+        """Start from the configured graph, or from `options["graph"]` (a Graph or built-in name) from now on;
+        an env made with a list of graphs draws one at each reset without that option."""
         super().reset(seed=seed)
         graph = self._start
         if options and options.get("graph") is not None:
             graph = resolve_graph(options["graph"])
             self._source = options["graph"] if isinstance(options["graph"], str) else None
+        elif self._pool:
+            self._source, graph = self._pool[int(self.np_random.integers(len(self._pool)))]
         self._reset_state(graph)
         return self._obs(), self._info()
 
