@@ -3,6 +3,8 @@
     xrl env play tiny_cnn --agent greedy --steps 10 -o state.json     # or .csv
     xrl env replay state.json [--validate] [--json]
     xrl env passes --graphs all --hlo --agent greedy  # pass ordering: geomean against the default pass order
+    xrl serve --in PIPE --out PIPE                    # a policy server over named pipes (xrl.serve.pipe)
+    xrl sweep summarize DIR                           # one table and plot across a multirun's runs
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "sb3-contrib (default hint)")
     sv.add_argument("--timeout", type=float, default=60.0, help="seconds a message may stall (default 60)")
     sv.set_defaults(func=cmd_serve)
+
+    sw = sub.add_parser("sweep", help="summaries across the runs of a sweep")
+    sw_sub = sw.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
+    sw_sub.required = True
+    sm = sw_sub.add_parser("summarize", help="one table and one plot across the runs under DIR (a Hydra multirun)")
+    sm.add_argument("dir", metavar="DIR")
+    sm.add_argument("--json", action="store_true")
+    sm.set_defaults(func=cmd_sweep_summarize)
 
 
 def _env(graph: str, cost: str, steps: int):
@@ -175,4 +185,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except PipeProtocolError as e:
         raise ConfigError(f"serve: {e}") from None
     print(f"served {n} decisions", file=sys.stderr)
+    return 0
+
+
+def cmd_sweep_summarize(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from xrl.sweeps import load_runs, summarize, write_summary
+
+    runs = load_runs(args.dir)
+    paths = write_summary(args.dir, runs)
+    headers, rows = summarize(runs)
+    if args.json:
+        print_json({"runs": [asdict(r) for r in runs], "table": [dict(zip(headers, r)) for r in rows],
+                    "files": {k: str(v) for k, v in paths.items()}})
+        return 0
+    print(format_table(headers, rows))
+    print(f"{len(runs)} runs; wrote {', '.join(str(p) for p in paths.values())}")
     return 0

@@ -1,0 +1,139 @@
+"""`xrl sweep summarize DIR`: one table and one plot across the runs of a sweep.
+
+A run is a directory with `metrics.jsonl` (xrl.rl.loggers: one JSON line per update) and, for a Hydra
+multirun, `.hydra/overrides.yaml` (the run's overrides). Per run and graph: the final and the best
+speed-up over the updates (`eval_speedup/<graph>` where the run evaluated, else the training episodes'
+`speedup/<graph>`). Runs that differ only in `seed=` form one configuration: the table gives the
+mean and standard deviation over its seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    path: str
+    overrides: tuple[str, ...]
+    updates: int
+    final: dict[str, float] = field(default_factory=dict)  # graph -> speed-up at the last update
+    best: dict[str, float] = field(default_factory=dict)  # graph -> best speed-up over the updates
+
+    @property
+    def config(self) -> str:
+        """The run's overrides without the seed: runs with the same config are seeds of one configuration."""
+        return " ".join(o for o in self.overrides if not o.split("=", 1)[0].lstrip("+~").endswith("seed")) or "(base)"
+
+
+def _overrides(run: Path) -> tuple[str, ...]:
+    path = run / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return ()
+    # Hydra writes a YAML list of strings, one "- key=value" per line: no YAML parser needed.
+    return tuple(line.strip()[2:].strip().strip("'\"") for line in path.read_text().splitlines()
+                 if line.strip().startswith("- "))
+
+
+def _read_run(run: Path) -> RunSummary | None:
+    rows = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by an interrupted run
+    if not rows:
+        return None
+    prefix = "eval_speedup/" if any(k.startswith("eval_speedup/") for r in rows for k in r) else "speedup/"
+    final: dict[str, float] = {}
+    best: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith(prefix) and isinstance(v, (int, float)) and math.isfinite(v):
+                g = k[len(prefix):]
+                final[g] = float(v)
+                best[g] = max(best.get(g, float(v)), float(v))
+    return RunSummary(str(run), _overrides(run), len(rows), final, best)
+
+
+def load_runs(root: str | Path) -> list[RunSummary]:
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"no such sweep directory: {root}")
+    runs = [s for p in sorted(root.rglob("metrics.jsonl")) if (s := _read_run(p.parent)) is not None]
+    if not runs:
+        raise ConfigError(f"no runs under {root} (looked for */metrics.jsonl)")
+    return runs
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows): per configuration and graph, final and best speed-up, mean ± sd over seeds."""
+    by_config: dict[str, list[RunSummary]] = defaultdict(list)
+    for r in runs:
+        by_config[r.config].append(r)
+    headers = ["config", "graph", "seeds", "final speed-up", "best speed-up"]
+    rows = []
+    for config, group in sorted(by_config.items()):
+        for g in sorted({g for r in group for g in r.final}):
+            fin = [r.final[g] for r in group if g in r.final]
+            bst = [r.best[g] for r in group if g in r.best]
+            (fm, fs), (bm, bs) = _mean_sd(fin), _mean_sd(bst)
+            rows.append([config, g, str(len(fin)), f"{fm:.3f} ± {fs:.3f}", f"{bm:.3f} ± {bs:.3f}"])
+    return headers, rows
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dict[str, Path]:
+    """summary.md (the table), summary.csv, and summary.png (best speed-up per graph and configuration)."""
+    import csv
+
+    root = Path(root)
+    runs = runs if runs is not None else load_runs(root)
+    headers, rows = summarize(runs)
+    md = root / "summary.md"
+    md.write_text(f"{len(runs)} runs under {root}\n\n" + _markdown(headers, rows))
+    with (root / "summary.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([headers, *rows])
+    out = {"markdown": md, "csv": root / "summary.csv"}
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return out
+    configs = sorted({r[0] for r in rows})
+    graphs = sorted({r[1] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(graphs) * max(1, len(configs)) / 2), 4))
+    width = 0.8 / max(len(configs), 1)
+    for i, cfg in enumerate(configs):
+        mean = {r[1]: float(r[4].split(" ± ")[0]) for r in rows if r[0] == cfg}
+        sd = {r[1]: float(r[4].split(" ± ")[1]) for r in rows if r[0] == cfg}
+        xs = [j + i * width for j in range(len(graphs))]
+        ax.bar(xs, [mean.get(g, 0) for g in graphs], width, yerr=[sd.get(g, 0) for g in graphs], label=cfg)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(graphs))], graphs, rotation=30, ha="right")
+    ax.set_ylabel("best speed-up (mean ± sd over seeds)")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = root / "summary.png"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    out["plot"] = png
+    return out
