@@ -1,4 +1,8 @@
-"""The README's comparison table: every search method on the whole built-in suite, analytic cost model.
+"""The README's comparison tables: every search method on the whole built-in suite, for one target.
+
+`--target paper` (default) is the research setting of TASO/Tensat/X-RLflow (an H100 kernel per op,
+the unfused graph as baseline); `--target ort-cpu` is what onnxruntime on a CPU runs (its own fusions
+applied before costing, the written file costed).
 
 Each method runs on each graph through the same dispatch as `xrl optimize --search M`; every number
 is recomputed from the returned graph, and every graph is checked against the original under
@@ -11,7 +15,8 @@ onnxruntime (see `xrl.search.compare`). Per-method time limits are chosen so tha
     random  30 steps, seed 0 (one random walk; its time is the rewrites' enumeration)
     rl      60 s   (the shipped policy, when `--search rl` is available)
 
-    .venv/bin/python experiments/compare_suite.py [--device h100] [--graphs all] [--methods rl,taso,...]
+    .venv/bin/python experiments/compare_suite.py [--target paper|ort-cpu|ort-cuda] [--device h100] [--graphs all]
+                                                  [--methods rl,taso,...]
                                                   [--out results/compare_suite] [--seed 0]
 
 Prints the Markdown table and writes results.csv, results.md and the two plots to --out.
@@ -41,7 +46,8 @@ STEPS = {"random": 30}
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="h100", help="GPU profile of the analytic cost model (default h100)")
+    p.add_argument("--target", default="paper", help="paper (default), ort-cpu or ort-cuda")
+    p.add_argument("--device", default=None, help="device profile of the estimate (default: the target's)")
     p.add_argument("--graphs", default="all", help="graph names or a suite: xrlflow, taso, small, all (default all)")
     p.add_argument("--methods", default="rl,taso,tensat,greedy,random")
     p.add_argument("--out", default="results/compare_suite", help="output folder (default results/compare_suite)")
@@ -52,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     api.register_search("taso", taso_runner)
     api.register_search("tensat", tensat_runner)
     config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=resolve_methods(args.methods),
-                           device=args.device, seed=args.seed, method_time_limits=TIME_LIMITS, steps=STEPS)
+                           device=args.device, target=args.target, seed=args.seed, method_time_limits=TIME_LIMITS,
+                           steps=STEPS)
     t0 = time.perf_counter()
 
     def progress(rec, done: int, total: int) -> None:
@@ -61,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
 
     records = run_compare(config, progress=progress)
     elapsed = time.perf_counter() - t0
-    header = (f"Analytic cost model, device profile `{args.device}`; seed {args.seed}; time limits per run: "
+    header = (f"Target `{args.target}`, device profile `{args.device or 'the target profile'}`; seed {args.seed}; "
+              "time limits per run: "
               + ", ".join(f"{m} {s:g} s" for m, s in TIME_LIMITS.items()) + f", random {STEPS['random']} steps. "
               f"Whole run: {elapsed / 60:.1f} min. Regenerate with `.venv/bin/python experiments/compare_suite.py"
-              f" --device {args.device}`.")
+              f" --target {args.target}{' --device ' + args.device if args.device else ''}`.")
     write_results(records, args.out, title="Search methods on the built-in suite", header=header)
     print(markdown_table(records, title="Search methods on the built-in suite", header=header))
     print(f"wrote {args.out}/results.csv, results.md, speedup.png, speedup_vs_time.png", file=sys.stderr)

@@ -71,8 +71,9 @@ def _torch_exports(tmp_path):
             return self.body(x)
 
     paths = {}
+    ids, mask = torch.randint(0, 50, (1, 8)), torch.ones(1, 8, dtype=torch.int64)
     for name, module, args, names in (
-            ("encoder", Encoder(), (torch.randint(0, 50, (1, 8)), torch.ones(1, 8, dtype=torch.int64)), ["ids", "mask"]),
+            ("encoder", Encoder(), (ids, mask), ["ids", "mask"]),
             ("cnn", Cnn(), (torch.randn(1, 3, 16, 16),), ["x"])):
         path = tmp_path / f"{name}.onnx"
         module.eval()

@@ -14,8 +14,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated built-in graph names, or a suite: xrlflow, taso, small, all (default small)")
     p.add_argument("--methods", default="rl,taso,tensat,greedy,random", metavar="M1,M2,...",
                    help="comma-separated methods from rl, taso, tensat, greedy, random (default all)")
-    p.add_argument("--cost", default="analytic", choices=("analytic", "ort"), help="cost backend (default analytic)")
-    p.add_argument("--device", default="h100", help="device profile of the analytic model (default h100)")
+    from xrl.cost.targets import TARGETS
+
+    p.add_argument("--target", default="paper", choices=(*TARGETS, "auto"),
+                   help="what the graphs are optimised for (default paper: the research setting of TASO/Tensat/"
+                        "X-RLflow, an H100 kernel per op; ort-cpu/ort-cuda: what onnxruntime runs, after its fusions)")
+    p.add_argument("--cost", default="target", choices=("target", "analytic", "ort"),
+                   help="cost backend (default target: the target's estimate)")
+    p.add_argument("--device", default=None, help="device profile of the estimate (default: the target's)")
     p.add_argument("--time-limit", type=float, metavar="S", help="seconds each method may search on each graph")
     p.add_argument("--out", default="compare-results", metavar="DIR",
                    help="where results.csv, results.md and the plots go (default ./compare-results)")
@@ -39,7 +45,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.time_limit is not None and args.time_limit <= 0:
         raise XrlError(f"--time-limit must be positive, not {args.time_limit}")
     config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=resolve_methods(args.methods), cost=args.cost,
-                           device=args.device, seed=args.seed, time_limit=args.time_limit)
+                           device=args.device, target=args.target, seed=args.seed, time_limit=args.time_limit)
 
     def progress(rec, done: int, total: int) -> None:
         detail = (f"{rec.speedup:.3f}x in {rec.time_s:.2f} s, {rec.rewrites} rewrites, "
@@ -48,7 +54,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"[{done}/{total}] {rec.graph} / {rec.method}: {rec.status}: {detail}", file=sys.stderr, flush=True)
 
     records = run_compare(config, progress=progress)
-    header = (f"Cost model: {args.cost} ({args.device}); seed {args.seed}; time limit per run: "
+    header = (f"Target: {args.target}; cost model: {args.cost} ({args.device or 'the target profile'}); "
+              f"seed {args.seed}; time limit per run: "
               f"{args.time_limit if args.time_limit is not None else 'method default'}.")
     paths = write_results(records, args.out, header=header)
     if args.json:
