@@ -221,11 +221,11 @@ def prepare(model: str, exporter: str, args, workdir: Path, bar) -> Result:
         return Result(model, exporter, variants, error=f"{exporter} export failed: {one_line(exc)}")
     info = dm.model_info(model, args.size)
     variants["original"].path = variants["A/A"].path = src
-    makers = {
+    makers = {  # xrl first, while this process is small: it runs beside it
+        "xrl": lambda dst: variants["xrl"].extra.update(make_xrl(src, dst, args.xrl_time_limit, args.seed)),
         "onnxslim": lambda dst: make_onnxslim(src, dst),
         "onnx-simplifier": lambda dst: make_onnxsim(src, dst),
         "ort-transformers": (lambda dst: make_ort_transformers(src, dst, info)) if info.ort_model_type else None,
-        "xrl": lambda dst: variants["xrl"].extra.update(make_xrl(src, dst, args.xrl_time_limit, args.seed)),
     }
     bar.update(2)
     for name, make in makers.items():
@@ -485,6 +485,72 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+class QueueBar:
+    """The progress bar of a child process: forwards to the parent's tqdm."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+
+    def update(self, n: int) -> None:
+        self.queue.put(("update", n))
+
+    def set_description(self, text: str) -> None:
+        self.queue.put(("desc", text))
+
+
+def run_combo(model: str, exporter: str, args, workdir: Path, bar) -> Result:
+    """Make, check and time every variant of one exported model."""
+    res = prepare(model, exporter, args, workdir, bar)
+    for threads in args.threads:
+        if res.error is None:
+            res.timings[threads] = time_result(res, threads, args, bar)
+        else:
+            bar.update(args.rounds)
+    for var in res.variants.values():  # the next model's files need the disk
+        if var.path is not None and var.path.parent == workdir:
+            var.path.unlink(missing_ok=True)
+    return res
+
+
+def _child(model: str, exporter: str, args, workdir: Path, queue) -> None:
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    try:
+        queue.put(("done", run_combo(model, exporter, args, workdir, QueueBar(queue))))
+    except Exception as exc:  # a bug here must still leave a row, and the other models must still run
+        queue.put(("done", Result(model, exporter, {v: Variant(v) for v in VARIANTS},
+                                  error=f"benchmark failed: {one_line(exc)}")))
+
+
+def run_isolated(model: str, exporter: str, args, workdir: Path, bar) -> Result:
+    """One model in a fresh process: its memory (GBs at base size) goes back, and an OOM kill is a row."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(model, exporter, args, workdir, q), daemon=True)
+    proc.start()
+    while True:
+        try:
+            kind, payload = q.get(timeout=2.0)
+        except queue_mod.Empty:
+            if proc.is_alive():
+                continue
+            proc.join()
+            why = "killed, probably out of memory" if proc.exitcode in (-9, 137) else "crashed"
+            return Result(model, exporter, {v: Variant(v) for v in VARIANTS},
+                          error=f"benchmark process {why} (exit code {proc.exitcode})")
+        if kind == "update":
+            bar.update(payload)
+        elif kind == "desc":
+            bar.set_description(payload)
+        else:
+            proc.join()
+            return payload
+
+
 def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
@@ -504,16 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_deploy-") as tmp, \
             tqdm(total=total, file=sys.stderr, dynamic_ncols=True) as bar:
         for model, exporter in combos:
-            res = prepare(model, exporter, args, Path(tmp), bar)
-            results.append(res)
-            for threads in args.threads:
-                if res.error is None:
-                    res.timings[threads] = time_result(res, threads, args, bar)
-                else:
-                    bar.update(args.rounds)
-            for var in res.variants.values():  # the next model's files need the disk
-                if var.path is not None and var.path.parent == Path(tmp):
-                    var.path.unlink(missing_ok=True)
+            results.append(run_isolated(model, exporter, args, Path(tmp), bar))
             write(results, args, args.threads, time.perf_counter() - started)  # partial results survive a kill
     print(write(results, args, args.threads, time.perf_counter() - started), end="")
     return 0
