@@ -47,3 +47,51 @@ def test_policy_size_does_not_depend_on_the_number_of_actions():
         model = MaskablePPO(XrlMaskablePolicy, env, n_steps=8, seed=0, policy_kwargs=policy_kwargs(hidden=16))
         sizes.append(num_parameters(model.policy))
     assert sizes[0] == sizes[1]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes need a POSIX system")
+def test_a_saved_maskable_ppo_served_over_pipes_decides_as_in_process(tmp_path):
+    import os
+    import subprocess
+
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    from xrl.env.sb3 import XrlMaskablePolicy, policy_kwargs
+    from xrl.rewrite import RewriteEngine
+    from xrl.serve.host import drive
+
+    engine = RewriteEngine()
+
+    def make():
+        return gym.make("xrl/GraphRewrite-v0", graph="mlp", max_candidates=16, horizon=6, engine=engine)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = MaskablePPO(XrlMaskablePolicy, make(), n_steps=32, batch_size=16, n_epochs=1, seed=0,
+                            policy_kwargs=policy_kwargs(hidden=16, layers=1))
+        model.learn(32)
+    finally:
+        torch.set_num_threads(threads)
+    model.save(tmp_path / "policy.zip")
+    pipes = str(tmp_path / "in"), str(tmp_path / "out")
+    for p in pipes:
+        os.mkfifo(p)
+    server = subprocess.Popen([sys.executable, "-m", "xrl", "serve", "--in", pipes[0], "--out", pipes[1],
+                               "--policy", str(tmp_path / "policy.zip")], stderr=subprocess.PIPE, text=True)
+    try:
+        served = drive(make().unwrapped, *pipes)
+        _, err = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, err
+    env = make().unwrapped
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        action = int(model.predict(obs, action_masks=env.action_masks(), deterministic=True)[0])
+        obs, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+    assert served == env.actions
