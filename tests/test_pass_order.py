@@ -126,3 +126,12 @@ def test_sb3_ppo_runs_on_the_pass_ordering_env():
         torch.set_num_threads(threads)
     res = evaluate_orders(["mlp"], lambda e, o: int(model.predict(o, deterministic=True)[0]))
     assert res[0].ops <= res[0].ops0
+
+
+def test_idle_marks_passes_at_their_fixed_point(mlp):
+    env = PassOrderingEnv(mlp, horizon=4)
+    env.reset()
+    obs = env.step(0)[0]  # cse: nothing to merge in the mlp
+    assert obs["idle"][0] == 1 and obs["idle"].sum() == 1
+    obs = env.step(2)[0]  # fusion changes the graph: every pass may do something again
+    assert not obs["idle"].any()

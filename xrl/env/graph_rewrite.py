@@ -77,9 +77,13 @@ def feature_graph(candidate: Any) -> Graph:
 
 
 def resolve_graph(graph: Graph | str) -> Graph:
-    """A Graph, or the name of a built-in graph."""
+    """A Graph, the name of a built-in graph, or a model file (.onnx, HLO text)."""
     if isinstance(graph, Graph):
         return graph
+    if isinstance(graph, str) and ("/" in graph or "." in graph):
+        from xrl.frontends.loader import load_model
+
+        return load_model(graph).graph
     if isinstance(graph, str):
         from xrl import graphs
         from xrl.frontends.onnx_io import from_onnx

@@ -10,8 +10,9 @@ Each action runs one pass over the whole graph:
                    pass ends; `max_rewrites` (default 4 x the op count) is only a safety net
 
 Observation (as in XLA-Gym): `op_counts`, the number of operators of each OP_VOCAB type (unknown ops
-count as "other"), and `progress`, the fraction of the episode done. Episodes have a fixed length
-(`horizon` passes; truncated, never terminated). Every pass is valid in every state.
+count as "other"), `progress`, the fraction of the episode done, and `idle`, 1 for each pass that has
+run on the current graph without changing it (op counts alone cannot tell a pass at its fixed point).
+Episodes have a fixed length (`horizon` passes; truncated, never terminated). Every pass is valid in every state.
 
 Reward: the reduction of op count (`reward="ops"`) or of the analytic cost (`reward="cost"`) in the
 step, relative to the start, in percent; with `shaping="potential"` plus gamma * Phi(s') - Phi(s),
@@ -156,6 +157,7 @@ class PassOrderingEnv(gym.Env):
         self.observation_space = spaces.Dict({
             "op_counts": spaces.Box(0.0, 1e7, (len(self.vocab),), np.float32),
             "progress": spaces.Box(0.0, 1.0, (1,), np.float32),
+            "idle": spaces.Box(0.0, 1.0, (len(PASSES),), np.float32),
         })
         # Several graphs: each reset draws one (seeded by reset's seed), so one env trains on a suite.
         self._pool = [resolve_graph(g) for g in graph] if isinstance(graph, (list, tuple)) else None
@@ -167,6 +169,7 @@ class PassOrderingEnv(gym.Env):
         self._start = self.graph = graph
         self.step_count = 0
         self.passes: list[str] = []
+        self.idle = np.zeros(len(PASSES), np.float32)
         self.ops0 = max(len(graph), 1)
         self.cost0 = self.cost_model.cost(graph)
         self.cost = self.cost0
@@ -187,7 +190,8 @@ class PassOrderingEnv(gym.Env):
         return out
 
     def _obs(self) -> dict[str, np.ndarray]:
-        return {"op_counts": self.op_counts(), "progress": np.array([self.step_count / self.horizon], np.float32)}
+        return {"op_counts": self.op_counts(), "progress": np.array([self.step_count / self.horizon], np.float32),
+                "idle": self.idle.copy()}
 
     def _info(self) -> dict[str, Any]:
         return {"ops": len(self.graph), "ops0": self.ops0, "cost": self.cost, "passes": list(self.passes),
@@ -218,6 +222,10 @@ class PassOrderingEnv(gym.Env):
         name = PASSES[int(action)]
         prev, prev_cost = self.graph, self.cost
         self.graph = self.apply_pass(prev, name)
+        if self.graph is prev or self.graph.canonical_hash == prev.canonical_hash:
+            self.idle[int(action)] = 1.0
+        else:
+            self.idle[:] = 0.0
         self.cost = self.cost_model.cost(self.graph) if self.graph is not prev else prev_cost
         self.passes.append(name)
         self.step_count += 1
