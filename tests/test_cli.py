@@ -173,7 +173,8 @@ def test_rl_sampling_option(capsys):
     code, out, err = run(capsys, "optimize", "mlp", "--search", "rl", "--samples", "2", "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["verified"] and res["details"]["rollouts"] == 3 and res["speedup"] >= 1.0
+    # >= 1 up to the estimate's resolution: the onnxslim pre-pass writes MatMul+Add as Gemm (same kernels)
+    assert res["verified"] and res["details"]["rollouts"] == 3 and res["speedup"] >= 0.999
     code, _, err = run(capsys, "optimize", "mlp", "--search", "greedy", "--samples", "2")
     assert_user_error(code, err, "--search rl")
 

@@ -114,8 +114,10 @@ def test_optimize_measure_reports_a_measured_speedup(capsys, tmp_path):
     m = res["measured"]
     assert m["verdict"] in VERDICTS
     assert m["cost_model"].startswith("e2e(ort, cpu")
-    assert len(m["round_speedups"]) == 5 and m["repeats"] == 10  # 5 rounds of 2 runs
+    rounds = len(m["round_speedups"])
+    assert 6 <= rounds <= 20 and m["repeats"] == 2 * rounds  # 6 rounds and more while the interval is wide
     assert m["interval95"][0] <= m["speedup"] <= m["interval95"][1]
+    assert len(m["control_speedups"]) == rounds and m["control_interval95"] is not None  # the A/A control
 
 
 def test_optimize_measure_text_and_bad_repeats(capsys):
@@ -131,7 +133,7 @@ def test_optimize_measure_text_and_bad_repeats(capsys):
 def test_optimize_warns_when_the_optimised_model_measures_slower(capsys, tmp_path, monkeypatch):
     import xrl.cost.speedup as speedup
 
-    def slower(model, before, after, *, rounds):
+    def slower(model, before, after, *, rounds, **_):
         return MeasuredSpeedup("e2e(ort, cpu)", _m(1.0), _m(1.25), (0.8, 0.79, 0.81, 0.8, 0.8)[:rounds])
 
     monkeypatch.setattr(speedup, "measure_speedup", slower)
@@ -149,7 +151,7 @@ def test_the_warning_names_a_foreign_device_profile(capsys, monkeypatch):
 
     if this_machine_profile() == "a100":
         pytest.skip("this machine is an A100")
-    monkeypatch.setattr(speedup, "measure_speedup", lambda model, before, after, *, rounds: MeasuredSpeedup(
+    monkeypatch.setattr(speedup, "measure_speedup", lambda model, before, after, *, rounds, **_: MeasuredSpeedup(
         "e2e(ort, cpu)", _m(1.0), _m(1.25), (0.8, 0.79, 0.81, 0.8, 0.8)))
     code = main(["optimize", "mlp", "--device", "a100", "--measure"])
     _, err = capsys.readouterr()
@@ -180,3 +182,22 @@ def test_a_screen_limits_what_greedy_times_but_keeps_the_gains(mlp):
     assert analytic.cost(res.graph) <= analytic.cost(mlp) - 0.5 * (analytic.cost(mlp) - exact.cost)
     with pytest.raises(ValueError):
         greedy_search(mlp, timer, screen=timer)
+
+
+def test_the_control_decides_what_the_machine_can_tell():
+    """A/A control: an effect within the control's deviation is not called faster; a noisy control says so."""
+    quiet = (1.001, 0.999, 1.0, 1.002, 0.998, 1.0)
+    assert MeasuredSpeedup("t", _m(1.1), _m(1.0), (1.1, 1.1, 1.1, 1.1, 1.1, 1.1), control_speedups=quiet).verdict \
+        == "faster"
+    assert MeasuredSpeedup("t", _m(1.0), _m(1.0), (1.0, 1.002, 0.999, 1.001, 1.0, 1.0),
+                           control_speedups=quiet).verdict == "within noise"
+    noisy = (1.2, 0.8, 1.15, 0.85, 1.1, 0.9)
+    m = MeasuredSpeedup("t", _m(1.05), _m(1.0), (1.05, 1.04, 1.06, 1.05, 1.05, 1.05), control_speedups=noisy)
+    assert m.noise > 0.03 and m.verdict == "too noisy to tell"
+
+
+def test_measure_speedup_times_a_control_and_adds_rounds(mlp):
+    timer = ScriptedTimer(lambda g: 1e-3, noise=0.2)
+    m = measure_speedup(timer, mlp, mlp, rounds=3, control=True, max_rounds=8, budget_s=60)
+    assert len(m.control_speedups) == len(m.round_speedups) == 8  # too wide after 3: rounds were added
+    assert m.to_json()["control_interval95"] is not None

@@ -92,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or torch; default auto: onnxruntime where it runs on the device) and report the measured "
                         "speed-up and whether it is beyond the noise")
     p.add_argument("--measure-repeats", type=int, default=10, metavar="N",
-                   help="timed runs per round of --measure (5 alternating rounds; default 10)")
+                   help="timed runs per round of --measure (6 to 20 alternating rounds of the original, the "
+                        "optimised model and an A/A copy of the original; default 10)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_optimize)
@@ -189,10 +190,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def measured_line(m: dict) -> str:
     """One line for a `MeasuredSpeedup.to_json()`: both medians, the ratio, the verdict, the rounds."""
     rounds = ", ".join(f"{r:.3f}" for r in m["round_speedups"])
+    control = m.get("control_interval95")
+    aa = f"; A/A control of the original [95% {control[0]:.3f}-{control[1]:.3f}]" if control else ""
     return (f"measured under {m['cost_model']}: {human_seconds(m['before_s'])} (CV {m['before_cv']:.1%}) -> "
             f"{human_seconds(m['after_s'])} (CV {m['after_cv']:.1%}), {m['speedup']:.3f}x "
-            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]: {m['verdict']}"
-            f"{' (the same graph)' if m.get('identical') else ''} (rounds {rounds})")
+            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]{aa}: {m['verdict']}"
+            f"{' (the same graph)' if m.get('identical') else ''} ({len(m['round_speedups'])} rounds: {rounds})")
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
@@ -237,6 +240,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
     if res.measured:
         print(measured_line(res.measured))
+        if res.measured["verdict"] == "too noisy to tell":
+            print(f"xrl: warning: this machine was too noisy to resolve a 3% effect: identical work measured up to "
+                  f"{res.measured['noise']:.1%} apart in this run; measure again when it is quieter, or with "
+                  f"more --measure-repeats", file=sys.stderr)
         if res.measured["verdict"] == "slower":
             advice = ("search under measured cost (--cost e2e) instead" if args.cost in ("target", "analytic", "op")
                       else "the search's own timings did not hold up; keep the original model")

@@ -173,8 +173,9 @@ class _Walker:
             return False
         if user.op == "MaxPool":
             return False  # zero padding changes a max: onnxruntime folds only into Conv and AveragePool
-        if user.op == "AveragePool" and not user.attr("count_include_pad", 0):
-            return False
+        if user.op == "AveragePool" and (user.attr("ceil_mode", 0) or not user.attr("count_include_pad", 0)
+                                         and any(user.attr("pads") or ())):
+            return False  # the folded pads must count as the Pad's zeros did
         self.emit(ELIMINATED, pad)
         return True
 

@@ -19,6 +19,18 @@ One round has no between-round spread: its verdict falls back to the runs' own n
 graphs with the same canonical hash are the same computation: they are still timed (which shows
 the noise), but the verdict is "within noise" whatever the rounds say, since a 95% test calls one
 comparison in twenty of identical things different.
+
+With `control=True` every round also times a second, independent measurement of `before` (an A/A
+control: a fresh session of the same graph). Its ratios show what the machine does to identical
+work in the same run, so the noise floor is measured rather than assumed. Then:
+
+    faster / slower     the interval excludes 1 and the effect exceeds the A/A control's deviation;
+    too noisy to tell   neither, and the control's deviation (or the interval's half-width) is over
+                        RESOLUTION (3%): this machine, now, cannot resolve an effect of that size;
+    within noise        neither, on a machine quiet enough to resolve RESOLUTION.
+
+Rounds are added (up to `max_rounds`, within `budget_s`) while the interval is wider than
++-RESOLUTION/2, so a 3% effect is resolved on a quiet machine without a long run on a noisy one.
 """
 
 from __future__ import annotations
@@ -33,7 +45,8 @@ from xrl.cost.base import CostModel, Measurement
 from xrl.cost.timing import improvement_is_significant
 from xrl.ir import Graph
 
-VERDICTS = ("faster", "slower", "within noise")
+VERDICTS = ("faster", "slower", "within noise", "too noisy to tell")
+RESOLUTION = 0.03  # the effect `--measure` aims to resolve on a quiet machine
 # Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (more: the normal's 1.96 plus a margin).
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
@@ -51,6 +64,7 @@ class MeasuredSpeedup:
     after: Measurement
     round_speedups: tuple[float, ...]
     identical: bool = False  # the two graphs have the same canonical hash
+    control_speedups: tuple[float, ...] = ()  # per-round before/before' of the A/A control, when timed
 
     @property
     def speedup(self) -> float:
@@ -68,7 +82,28 @@ class MeasuredSpeedup:
         return math.exp(centre - half), math.exp(centre + half)
 
     @property
+    def control(self) -> tuple[float, float] | None:
+        """The A/A control's 95% interval (None without a control)."""
+        if not self.control_speedups:
+            return None
+        return MeasuredSpeedup("", self.before, self.before, self.control_speedups).interval
+
+    @property
+    def noise(self) -> float:
+        """How far from 1 identical work measured in this run: the A/A interval's farthest end (0 without)."""
+        c = self.control
+        return max(c[1] - 1, 1 - c[0]) if c else 0.0
+
+    @property
     def verdict(self) -> str:
+        if self.control_speedups:
+            low, high = self.interval
+            noise = self.noise
+            if not self.identical and low > 1 and self.speedup - 1 > noise:
+                return "faster"
+            if not self.identical and high < 1 and 1 - self.speedup > noise:
+                return "slower"
+            return "too noisy to tell" if max(noise, (high - low) / 2) > RESOLUTION else "within noise"
         if self.identical:
             return "within noise"
         if len(self.round_speedups) < 2:
@@ -84,10 +119,13 @@ class MeasuredSpeedup:
 
     def to_json(self) -> dict[str, Any]:
         low, high = self.interval
+        control = self.control
         return {"cost_model": self.cost_model, "before_s": self.before.median_s, "after_s": self.after.median_s,
                 "before_cv": self.before.cv, "after_cv": self.after.cv, "repeats": self.before.repeats,
                 "speedup": self.speedup, "interval95": [low, high], "round_speedups": list(self.round_speedups),
-                "identical": self.identical, "verdict": self.verdict}
+                "identical": self.identical, "verdict": self.verdict,
+                "control_interval95": list(control) if control else None,
+                "control_speedups": list(self.control_speedups), "noise": self.noise if control else None}
 
 
 def pool_rounds(rounds: Sequence[Measurement]) -> Measurement:
@@ -98,18 +136,40 @@ def pool_rounds(rounds: Sequence[Measurement]) -> Measurement:
                        max(m.max_s for m in rounds))
 
 
-def measure_speedup(model: CostModel, before: Graph, after: Graph, *, rounds: int = 5) -> MeasuredSpeedup:
+def measure_speedup(model: CostModel, before: Graph, after: Graph, *, rounds: int = 5, control: bool = False,
+                    max_rounds: int | None = None, budget_s: float = 120.0) -> MeasuredSpeedup:
     """Time `before` and `after` in `rounds` alternating rounds with `model` (fresh runs, never a
-    cached timing) and compare them."""
+    cached timing) and compare them. With `control`, each round also times `before` a second time
+    (the A/A control). With `max_rounds` above `rounds`, rounds are added while the interval is wider
+    than +-RESOLUTION/2 and the whole measurement has taken less than `budget_s` seconds."""
+    import time
+
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    timed: dict[str, list[Measurement]] = {"before": [], "after": []}
-    graphs = {"before": before, "after": after}
-    for r in range(rounds):
-        order = ("before", "after") if r % 2 == 0 else ("after", "before")
-        for which in order:
+    names = ("before", "after", "control") if control else ("before", "after")
+    timed: dict[str, list[Measurement]] = {k: [] for k in names}
+    graphs = {"before": before, "after": after, "control": before}
+    t0 = time.perf_counter()
+
+    def result() -> MeasuredSpeedup:
+        def ratios(a: str, b: str) -> tuple[float, ...]:
+            return tuple(x.median_s / y.median_s if y.median_s > 0 else float("nan")
+                         for x, y in zip(timed[a], timed[b]))
+
+        return MeasuredSpeedup(model.describe(), pool_rounds(timed["before"]), pool_rounds(timed["after"]),
+                               ratios("before", "after"), identical=before.canonical_hash == after.canonical_hash,
+                               control_speedups=ratios("before", "control") if control else ())
+
+    r = 0
+    while True:
+        k = r % len(names)  # rotate the order, so no graph is always timed first or last in a round
+        for which in names[k:] + names[:k]:
             timed[which].append(model.remeasure(graphs[which]))
-    ratios = tuple(b.median_s / a.median_s if a.median_s > 0 else float("nan")
-                   for b, a in zip(timed["before"], timed["after"]))
-    return MeasuredSpeedup(model.describe(), pool_rounds(timed["before"]), pool_rounds(timed["after"]), ratios,
-                           identical=before.canonical_hash == after.canonical_hash)
+        r += 1
+        if r < rounds:
+            continue
+        if max_rounds is None or r >= max_rounds or time.perf_counter() - t0 > budget_s:
+            return result()
+        low, high = result().interval
+        if (high - low) / 2 <= RESOLUTION / 2:
+            return result()
