@@ -143,3 +143,25 @@ def test_an_env_over_several_graphs_draws_one_per_reset_and_pads_for_the_largest
     assert seen == {"mlp", "tiny_cnn"}
     first = [env.reset(seed=1)[0]["num_nodes"][0] for _ in range(2)]
     assert first[0] == first[1]
+
+
+def test_the_uncapped_summary_env_still_passes_check_env(engine):
+    from xrl.env import GraphRewriteEnv
+
+    env = GraphRewriteEnv("mlp", engine=engine, horizon=3)  # what xrl's own agent builds
+    check_env(env)
+    assert env.action_masks().shape == (env.action_space.n,)
+
+
+def test_a_model_file_is_a_graph_source(engine, tmp_path):
+    import onnx
+    from xrl.graphs import build
+
+    from xrl.env import GraphRewriteEnv
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(build("mlp"), str(path))
+    env = GraphRewriteEnv(str(path), engine=engine, horizon=2, max_candidates=8)
+    env.reset(seed=0)
+    env.step(1)
+    assert env.state.graph == str(path) and env.validate().ok
