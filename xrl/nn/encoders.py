@@ -122,16 +122,15 @@ class GraphEncoder(nn.Module):
             return GINEConv(mlp(h, h, h), edge_dim=h)
         return GCNConv(h, h)
 
-    def _edges(self, h0: Tensor, edge_index: Tensor, edge_attr: Tensor) -> tuple[Tensor, Tensor]:
-        """Both edge directions [2, 2E] and their hidden features [2E, H] (after the edge update for gat)."""
-        edge_index, edge_attr = with_reverse_edges(edge_index, edge_attr)
-        e = self.edge_in(edge_attr)  # [2E, H]
+    def _edge_features(self, h0: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+        """[e, H] features of directed edges (raw `edge_attr` with the reverse flag); gat adds its edge update."""
+        e = self.edge_in(edge_attr)
         if self.edge_update is not None:
             src, dst = edge_index
             e = e + self.edge_update(torch.cat([h0[src], h0[dst], e], dim=1))
-        return edge_index, e
+        return e
 
-    def _layer(self, i: int, h: Tensor, edge_index: Tensor, e: Tensor, deg: Tensor | None) -> Tensor:
+    def _layer(self, i: int, h: Tensor, edge_index: Tensor, e: Tensor | None, deg: Tensor | None) -> Tensor:
         """Message-passing layer i (residual, LayerNorm) on both-direction edges; `deg` [N]: GCN's node degrees."""
         conv = self.convs[i]
         if self.cfg.kind == "gcn":
@@ -140,16 +139,21 @@ class GraphEncoder(nn.Module):
             out = conv(h, edge_index, edge_attr=e)
         return self.norms[i](h + self.dropout(torch.relu(out)))
 
-    def node_states(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> list[Tensor]:
-        """[h_0, h_1, ..., h_L], each [N, H]: every node's state after each layer (h_0 = node_in(x))."""
+    def encode_nodes(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> tuple[list[Tensor], Tensor | None]:
+        """([h_0, ..., h_L], each [N, H]; edge features [2E, H], None for gcn) of whole graphs."""
         h = self.node_in(x)  # [N, H]
         hs = [h]
-        edge_index, e = self._edges(h, edge_index, edge_attr)
+        edge_index, edge_attr = with_reverse_edges(edge_index, edge_attr)  # [2, 2E], [2E, D + 1]
+        e = None if self.cfg.kind == "gcn" else self._edge_features(h, edge_index, edge_attr)  # gcn reads no edges
         deg = node_degree(edge_index, h.size(0)) if self.cfg.kind == "gcn" else None
         for i in range(self.cfg.layers):
             h = self._layer(i, h, edge_index, e, deg)
             hs.append(h)
-        return hs
+        return hs, e
+
+    def node_states(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> list[Tensor]:
+        """[h_0, h_1, ..., h_L], each [N, H]: every node's state after each layer (h_0 = node_in(x))."""
+        return self.encode_nodes(x, edge_index, edge_attr)[0]
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor, batch: Tensor) -> Tensor:
         num_graphs = u.size(0)
@@ -162,30 +166,50 @@ class GraphEncoder(nn.Module):
         The states are encoded whole; each candidate only where it differs (xrl.features.incremental):
         a local node k of level l_k is recomputed at layers l >= l_k and reads the state's h_l elsewhere,
 
-            h_l[k] = layer_l(h_{l-1}, local edges)[k]   if l >= l_k,   else   H_l[prow[k]]
+            h_l[k] = layer_l(h_{l-1}, edges into nodes of level <= l)[k]   if l >= l_k,   else   H_l[prow[k]]
 
         which equals encoding the candidate whole, since nothing farther than L hops from its change
-        can differ. The candidate's pooled states are the state's, less the replaced rows, plus the region's.
+        can differ. Edge features are the state's except on new edges and edges at a changed node. The
+        candidate's pooled states are the state's, less the rows it drops or replaces, plus the region's.
         """
         g = meta.graphs
-        num_states = g.num_graphs
-        hs = self.node_states(g.x, g.edge_index, g.edge_attr)  # L + 1 of [N, H]
+        num_states, layers = g.num_graphs, self.cfg.layers
+        hs, e_state = self.encode_nodes(g.x, g.edge_index, g.edge_attr)  # L + 1 of [N, H]; [2E, H]
         state_emb = self.readout(torch.cat([self.global_in(g.u), self.pool(hs[-1], g.batch, num_states)], dim=1))
         if meta.num_regions == 0:
             return state_emb, state_emb.new_zeros(0, state_emb.size(1))
-        prow = meta.loc_prow.clamp(min=0)  # [n]: parent row (read only where the level says so)
-        level = meta.loc_level.unsqueeze(-1)  # [n, 1]
-        x = g.x[prow]  # [n, F]
-        new_x = meta.loc_xnew >= 0
-        x[new_x] = meta.x_new[meta.loc_xnew[new_x]]
-        ea = meta.edge_attr_new.new_zeros(meta.loc_edge_index.size(1), meta.edge_attr_new.size(1))  # [e, D]
-        old_e = meta.loc_eid >= 0
-        ea[old_e] = g.edge_attr[meta.loc_eid[old_e]]
-        ea[~old_e] = meta.edge_attr_new[meta.loc_enew[~old_e]]
-        h = torch.where(level > 0, hs[0][prow], self.node_in(x))  # [n, H]
-        edge_index, e = self._edges(h, meta.loc_edge_index, ea)
-        for i in range(self.cfg.layers):
-            h = torch.where(level > i + 1, hs[i + 1][prow], self._layer(i, h, edge_index, e, meta.loc_deg))
+        lv = meta.loc_level  # [n]
+        prow = meta.loc_prow.clamp(min=0)  # [n]: the state's row (read only where the level says so)
+        h = hs[0][prow]  # [n, H]
+        fresh = (lv == 0).nonzero().squeeze(-1)  # D_0: the only nodes whose features may differ
+        x = g.x[prow[fresh]]
+        has_x = meta.loc_xnew[fresh] >= 0
+        x[has_x] = meta.x_new[meta.loc_xnew[fresh][has_x]]
+        h = h.index_put((fresh,), self.node_in(x))
+        # Both directions of the local edges, only those into the region proper (its boundary is never computed).
+        n_e, big_e = meta.loc_edge_index.size(1), g.edge_index.size(1)
+        edge_index = torch.cat([meta.loc_edge_index, meta.loc_edge_index.flip(0)], dim=1)  # [2, 2e]
+        eid = torch.cat([meta.loc_eid, torch.where(meta.loc_eid >= 0, meta.loc_eid + big_e, meta.loc_eid)])
+        into = lv[edge_index[1]] <= layers
+        edge_index, eid = edge_index[:, into], eid[into]
+        e = None
+        if self.cfg.kind != "gcn":
+            redo = ((eid < 0) | (lv[edge_index[0]] == 0) | (lv[edge_index[1]] == 0)).nonzero().squeeze(-1)
+            which = torch.arange(2 * n_e, device=eid.device)[into][redo]  # [f] local directed edge ids
+            fwd = which % n_e if n_e else which
+            raw = meta.edge_attr_new.new_zeros(which.numel(), meta.edge_attr_new.size(1))
+            old = meta.loc_eid[fwd] >= 0
+            raw[old] = g.edge_attr[meta.loc_eid[fwd][old]]
+            raw[~old] = meta.edge_attr_new[meta.loc_enew[fwd][~old]]
+            raw = torch.cat([raw, (which >= n_e).to(raw.dtype).unsqueeze(-1)], dim=1)  # + the reverse flag
+            e = e_state[eid.clamp(min=0)] if e_state.size(0) else e_state.new_zeros(eid.numel(), e_state.size(1))
+            e = e.index_put((redo,), self._edge_features(h, edge_index[:, redo], raw))
+        dst_level = lv[edge_index[1]]
+        level = lv.unsqueeze(-1)
+        for i in range(layers):
+            into = dst_level <= i + 1  # layer i+1 recomputes only nodes of level <= i+1: only their messages count
+            out = self._layer(i, h, edge_index[:, into], None if e is None else e[into], meta.loc_deg)
+            h = torch.where(level > i + 1, hs[i + 1][prow], out)
         pooled = self._pool_incremental(hs[-1], h, meta)  # [R, H]
         return state_emb, self.readout(torch.cat([self.global_in(meta.region_u), pooled], dim=1))
 

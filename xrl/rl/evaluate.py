@@ -19,10 +19,11 @@ import torch
 
 from xrl.cost.base import CostModel
 from xrl.env import GraphRewriteEnv
+from xrl.features.incremental import IncrementalFeatures
 from xrl.features.metagraph import FeatureCache
 from xrl.ir import Graph
 from xrl.nn.policy import GraphPolicy
-from xrl.rl.rollout import uphill_paid_off
+from xrl.rl.rollout import observe, uphill_paid_off
 
 
 @dataclass
@@ -82,19 +83,20 @@ def make_env(graph: Graph, cost_model: CostModel, *, engine: Any = None, horizon
 
 def optimize_with_policy(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,
                          horizon: int = 50, samples: int = 0, seed: int = 0, max_candidates: int | None = None,
-                         time_limit: float | None = None, featurize: FeatureCache | None = None) -> PolicyRun:
+                         time_limit: float | None = None,
+                         featurize: FeatureCache | IncrementalFeatures | None = None) -> PolicyRun:
     """Greedy rollout of `policy` plus `samples` sampled ones; the cheapest graph any of them reached."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit if time_limit is not None else float("inf")
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
-    featurize = featurize if featurize is not None else FeatureCache()
+    featurize = featurize if featurize is not None else policy.features()
     policy.eval()
     gen = torch.Generator().manual_seed(seed)
 
     def choose(greedy: bool) -> Callable[[GraphRewriteEnv], int]:
         def pick(e: GraphRewriteEnv) -> int:
             with torch.no_grad():
-                dist, _ = policy(e.meta_graph(featurize))
+                dist, _ = policy(observe(e, featurize))
             return int(dist.mode() if greedy else dist.sample(gen))
 
         return pick

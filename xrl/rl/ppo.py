@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from xrl.features.incremental import IncrementalMeta
 from xrl.features.metagraph import MetaGraph
 from xrl.nn.policy import GraphPolicy
 
@@ -100,7 +101,7 @@ def ppo_losses(new_logp: Tensor, old_logp: Tensor, advantages: Tensor, new_value
 class RolloutBatch:
     """A rollout flattened for PPO: one entry per state visited."""
 
-    obs: Sequence[MetaGraph]
+    obs: Sequence[MetaGraph | IncrementalMeta]
     actions: Tensor  # [T] long, group-local
     logp: Tensor  # [T]
     values: Tensor  # [T]
@@ -124,7 +125,7 @@ def ppo_update(policy: GraphPolicy, optimizer: torch.optim.Optimizer, batch: Rol
         order = rng.permutation(T)
         for start in range(0, T, cfg.minibatch_size):
             idx = torch.as_tensor(order[start:start + cfg.minibatch_size], dtype=torch.long)
-            meta = MetaGraph.collate([batch.obs[i] for i in idx.tolist()])
+            meta = type(batch.obs[0]).collate([batch.obs[i] for i in idx.tolist()])
             dist, new_value = policy(meta)
             losses = ppo_losses(dist.log_prob(batch.actions[idx]), batch.logp[idx], advantages[idx], new_value,
                                 batch.values[idx], returns[idx], dist.entropy(), cfg)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xrl.features.incremental import IncrementalFeatures, IncrementalMeta
 from xrl.features.metagraph import FeatureCache, MetaGraph
 from xrl.nn.policy import GraphPolicy, PolicyConfig
 from xrl.rl.ppo import RolloutBatch
@@ -50,7 +51,7 @@ class EpisodeRecord:
 class Rollout:
     """Transitions of whole episodes, episode after episode, and their records."""
 
-    obs: list[MetaGraph] = field(default_factory=list)
+    obs: list[MetaGraph | IncrementalMeta] = field(default_factory=list)
     actions: list[int] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
@@ -90,8 +91,8 @@ class CollectorSpec:
     cache_size: int = 4096
 
 
-def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache, graph: Any, *, greedy: bool,
-                 generator: torch.Generator | None, record_to: Rollout | None = None) -> EpisodeRecord:
+def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache | IncrementalFeatures, graph: Any, *,
+                 greedy: bool, generator: torch.Generator | None, record_to: Rollout | None = None) -> EpisodeRecord:
     """Play one episode of `env` from `graph` with `policy` (argmax if `greedy`, else sampled).
 
     With `record_to`, every transition is appended to it (meta-graph, action, log-prob, value,
@@ -102,7 +103,7 @@ def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache, graph: 
     ret, best, done = 0.0, 1.0, False
     costs = [env.cost]
     while not done:
-        meta = env.meta_graph(featurize)
+        meta = observe(env, featurize)
         with torch.no_grad():
             dist, value = policy(meta)
             action = dist.mode() if greedy else dist.sample(generator)
@@ -121,6 +122,13 @@ def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache, graph: 
             record_to.dones.append(float(done))
     return EpisodeRecord(env.graph.name, ret, env.step_count, env.speedup, best, list(env.rewrites),
                          uphill_paid_off(costs), time.perf_counter() - t0)
+
+
+def observe(env: Any, features: FeatureCache | IncrementalFeatures) -> MetaGraph | IncrementalMeta:
+    """The env's current state as the policy reads it: candidate regions, or whole candidate graphs."""
+    if isinstance(features, IncrementalFeatures):
+        return features.observe(env)
+    return env.meta_graph(features)
 
 
 def uphill_paid_off(costs: Sequence[float], rel_tol: float = 1e-9) -> bool:
@@ -144,7 +152,7 @@ class _Worker:
         self.graphs = {name: resolve_graph(name) for name in spec.graphs}
         self.env = GraphRewriteEnv(next(iter(self.graphs.values())), self.cost, **dict(spec.env))
         self.policy = GraphPolicy(spec.policy)
-        self.featurize = FeatureCache(spec.cache_size)
+        self.featurize = self.policy.features(spec.cache_size)
 
     def _load(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.policy.load_state_dict(weights)

@@ -12,6 +12,7 @@ nothing of Hydra itself, so tests and scripts call it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -84,7 +85,9 @@ def _typed(key: str, value: Any, default: Any) -> Any:
 def policy_config(model: Mapping[str, Any]) -> PolicyConfig:
     model = dict(model)
     use_hints = bool(model.pop("use_hints", True))
-    return PolicyConfig(NODE_DIM, EDGE_DIM, GLOBAL_DIM, _take(EncoderConfig, model, "model"), use_hints=use_hints)
+    incremental = _typed("model.incremental", model.pop("incremental", True), True)
+    return PolicyConfig(NODE_DIM, EDGE_DIM, GLOBAL_DIM, _take(EncoderConfig, model, "model"), use_hints=use_hints,
+                        incremental=incremental)
 
 
 def env_kwargs(env: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,7 +160,8 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
         ckpt = load_checkpoint(resume)
         if "optimizer" not in ckpt or "rng" not in ckpt:
             raise CheckpointError(f"{resume} holds a policy only (no optimizer or RNG state); it cannot be resumed")
-        if PolicyConfig.from_dict(ckpt["policy_config"]) != pcfg:
+        # `incremental` is how candidates are encoded, not the network: a run may resume with either.
+        if dataclasses.replace(PolicyConfig.from_dict(ckpt["policy_config"]), incremental=pcfg.incremental) != pcfg:
             raise ConfigError(f"{resume} was trained with a different model config; resume with the same model")
         policy.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
