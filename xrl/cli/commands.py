@@ -73,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cost)
 
+    p = sub.add_parser("calibrate", help="measure this CPU's rates under onnxruntime for the ort-cpu target's estimate")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1, as the measured backends)")
+    p.add_argument("--repeats", type=int, default=50, help="timed runs per measurement (default 50)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
     p = sub.add_parser("optimize", help="rewrite a model to run faster and write the verified ONNX file")
     add_model_args(p)
     add_cost_args(p)
@@ -184,6 +190,28 @@ def cmd_cost(args: argparse.Namespace) -> int:
     print(f"{loaded.source}: {human_seconds(m.median_s)} under {model.describe()}{spread}")
     if top:
         print(format_table(["node", "op", "cost"], [[n, loaded.graph.nodes[n].op, human_seconds(c)] for n, c in top]))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from xrl.cost import calibrate
+    from xrl.errors import XrlError
+
+    if args.threads < 1 or args.repeats < 5:
+        raise XrlError("--threads must be at least 1 and --repeats at least 5")
+    print("calibrating: onnxruntime on this CPU (about 30 s) ...", file=sys.stderr, flush=True)
+    cal = calibrate.calibrate(threads=args.threads, repeats=args.repeats)
+    path = calibrate.save(cal)
+    if args.json:
+        print_json({**asdict(cal), "path": str(path)})
+        return 0
+    print(f"{cal.machine}, onnxruntime {cal.onnxruntime}, {cal.threads} thread(s):")
+    print(f"  per-kernel overhead {human_seconds(cal.launch_overhead_s)}, bandwidth {cal.bandwidth / 1e9:.1f} GB/s, "
+          f"GEMM peak {cal.peak_flops / 1e9:.1f} GFLOP/s, saturation at {human_count(cal.saturation_flops)}FLOP")
+    print(format_table(["MatMul MxKxN", "GFLOP/s"], [[k, f"{v / 1e9:.1f}"] for k, v in cal.gemm_rates.items()]))
+    print(f"wrote {path}: the ort-cpu target now estimates with profile {calibrate.PROFILE_NAME}")
     return 0
 
 

@@ -38,7 +38,17 @@ class Target:
 
     @property
     def device_profile(self) -> str:
-        return this_machine_profile() if self.profile == "auto" else self.profile
+        """The profile name: this machine's GPU's for "auto"; for the CPU, this machine's calibration
+        (`xrl calibrate`, profile cpu-local) where there is one, else the generic cpu profile."""
+        if self.profile == "auto":
+            return this_machine_profile()
+        if self.profile == "cpu" and self.runtime == "onnxruntime":
+            from xrl.cost.calibrate import calibrated_profile
+
+            local = calibrated_profile()
+            if local is not None:
+                return local.name
+        return self.profile
 
 
 TARGETS: dict[str, Target] = {
