@@ -1,6 +1,12 @@
 """Speed of the RL loop per built-in graph: env steps/s, meta-graph build and policy forward per state.
 
     .venv/bin/python experiments/bench_rl.py [--graphs bert,squeezenet] [--steps 20] [-o bench_rl.md]
+    .venv/bin/python experiments/bench_rl.py --compare [--rounds 2] [--out FILE]
+
+`--compare` measures the old candidate encoding (every candidate graph featurised and encoded whole,
+`model.incremental=false`) against the new one (each candidate from the region it changes), in one
+run, interleaved round by round: training environment steps/s and peak memory (`xrl train`, each run
+in its own process), and `--search rl` time with the shipped policy against greedy's.
 
 An env step is what `GraphRewriteEnv.step` does (apply a rewrite, re-cost it from its delta,
 enumerate the next candidates and their hints); actions are uniformly random rewrites (seeded).
@@ -25,6 +31,7 @@ from xrl.env import GraphRewriteEnv, resolve_graph
 from xrl.features.metagraph import FeatureCache
 from xrl.rewrite import RewriteEngine
 from xrl.rl.checkpoint import default_policy_path, load_policy
+from xrl.rl.rollout import observe
 from xrl.search.rl_search import candidate_cap
 
 
@@ -54,7 +61,7 @@ def bench_graph(name: str, engine: RewriteEngine, policy: torch.nn.Module, steps
     n_states = min(steps, 5)
     for _ in range(n_states):
         t0 = time.perf_counter()
-        meta = env.meta_graph(FeatureCache(0))
+        meta = observe(env, policy.features(0) if hasattr(policy, "features") else FeatureCache(0))
         t1 = time.perf_counter()
         with torch.no_grad():
             dist, _ = policy(meta)
@@ -69,8 +76,124 @@ def bench_graph(name: str, engine: RewriteEngine, policy: torch.nn.Module, steps
             f"{1e3 * fwd_s / n_states:.1f}", f"{np.mean(nodes):.0f}"]
 
 
+_TRAIN_CHILD = """
+import json, resource, sys, torch
+torch.set_num_threads(1)
+from xrl.rl.train import train
+start_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+s = train(json.loads(sys.argv[1]), sys.argv[2])
+busy = sum(m["collect_s"] + m["update_s"] for m in s.history)
+print(json.dumps({"steps": s.env_steps, "busy_s": busy, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "start_kb": start_kb}))
+"""
+
+
+def train_config(incremental: bool, graphs_: list[str], updates: int, episodes: int, horizon: int,
+                 max_candidates: int) -> dict:
+    """xrl/conf/train.yaml (default model: gat, 64 wide, 3 layers) with the comparison's overrides."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from xrl.cli.rl_commands import CONF_DIR
+
+    overrides = [f"graphs.train=[{','.join(graphs_)}]", "graphs.eval=[]", f"updates={updates}", "workers=0",
+                 f"episodes_per_worker={episodes}", f"env.horizon={horizon}", f"env.max_candidates={max_candidates}",
+                 "eval_every=0", "checkpoint_every=0", "logger=none", "progress=false",
+                 f"model.incremental={str(incremental).lower()}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+
+
+def train_once(cfg: dict) -> dict:
+    """One training run in a fresh process (so that its peak memory is its own): steps, busy seconds, peak RSS."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run([sys.executable, "-c", _TRAIN_CHILD, json.dumps(cfg), out], capture_output=True,
+                              text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"training failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def search_once(name: str, method: str, policy_path: Path) -> tuple[float, float]:
+    """(search seconds, speedup) of greedy or the shipped policy (argmax, old or new encoding) on `name`."""
+    from xrl.features.metagraph import FeatureCache
+    from xrl.rl.evaluate import optimize_with_policy
+    from xrl.search.greedy import greedy_search
+    from xrl.search.rl_search import default_horizon
+
+    graph = resolve_graph(name)
+    cost = get_cost_model("analytic", device="h100")
+    if method == "greedy":
+        res = greedy_search(graph, cost)
+        return res.time_s, res.original_cost / res.cost
+    policy, ckpt = load_policy(policy_path)
+    featurize = policy.features() if method == "rl new" else FeatureCache()
+    t0 = time.perf_counter()
+    run = optimize_with_policy(policy, graph, cost, horizon=default_horizon(graph),
+                               max_candidates=candidate_cap(ckpt, None), featurize=featurize)
+    return time.perf_counter() - t0, run.speedup
+
+
+def compare(args: argparse.Namespace) -> str:
+    train_graphs = ["squeezenet", "bert"]
+    search_graphs = args.search_graphs.split(",")
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    searches: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for r in range(args.rounds):
+        for incremental in ((False, True) if r % 2 == 0 else (True, False)):  # interleaved, order alternating
+            cfg = train_config(incremental, train_graphs, args.updates, args.episodes, args.train_horizon, 32)
+            runs[incremental].append(train_once(cfg))
+            print(f"round {r + 1}: train {'new' if incremental else 'old'} {runs[incremental][-1]}", file=sys.stderr)
+        for name in search_graphs:
+            for method in ("greedy", "rl old", "rl new") if r % 2 == 0 else ("rl new", "rl old", "greedy"):
+                searches.setdefault((name, method), []).append(search_once(name, method, default_policy_path()))
+                print(f"round {r + 1}: {name} {method} {searches[name, method][-1]}", file=sys.stderr)
+
+    def rate(rs: list[dict]) -> float:
+        return sum(x["steps"] for x in rs) / sum(x["busy_s"] for x in rs)
+
+    def peak(rs: list[dict], above_start: bool = False) -> float:
+        return max(x["peak_kb"] - (x["start_kb"] if above_start else 0) for x in rs) / 1024
+
+    old, new = runs[False], runs[True]
+    rows = [
+        ["training env steps/s (squeezenet+bert)", f"{rate(old):.2f}", f"{rate(new):.2f}",
+         f"{rate(new) / rate(old):.1f}x", ">= 10x"],
+        ["peak training memory, RSS (MB)", f"{peak(old):.0f}", f"{peak(new):.0f}",
+         f"{peak(new) / peak(old):.2f}", "<= 0.33"],
+        ["peak training memory above the process at start (MB)", f"{peak(old, True):.0f}",
+         f"{peak(new, True):.0f}", f"{peak(new, True) / peak(old, True):.2f}", "<= 0.33"],
+    ]
+    for name in search_graphs:
+        t = {m: min(x[0] for x in searches[name, m]) for m in ("greedy", "rl old", "rl new")}
+        sp = {m: searches[name, m][0][1] for m in ("greedy", "rl old", "rl new")}
+        rows.append([f"{name}: --search rl time (s), speedup {sp['rl old']:.3f} / {sp['rl new']:.3f}",
+                     f"{t['rl old']:.2f} ({t['rl old'] / t['greedy']:.1f}x greedy)",
+                     f"{t['rl new']:.2f} ({t['rl new'] / t['greedy']:.1f}x greedy)",
+                     f"{t['rl new'] / t['rl old']:.2f}", f"<= 2x greedy ({t['greedy']:.2f} s, {sp['greedy']:.3f})"])
+    table = format_table(["measure", "old: whole candidate graphs", "new: candidate regions", "new / old", "aim"],
+                         rows)
+    return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: best rate over all rounds' "
+            f"steps; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, 3 layers, "
+            f"PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
+            f"{args.episodes} episodes, horizon {args.train_horizon}, at most 32 candidates, workers=0 (one process, "
+            f"one torch thread); steps/s = env steps / (collection + PPO update time). Search: the shipped policy, "
+            f"argmax until it stops, analytic h100 cost.\n{table}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", action="store_true", help="old vs new candidate encoding (see above)")
+    ap.add_argument("--rounds", type=int, default=2, help="--compare: interleaved rounds")
+    ap.add_argument("--updates", type=int, default=1, help="--compare: PPO updates per training run")
+    ap.add_argument("--episodes", type=int, default=2, help="--compare: episodes per update")
+    ap.add_argument("--train-horizon", type=int, default=10, help="--compare: training episode length")
+    ap.add_argument("--search-graphs", default="bert,vit,inception_v3", help="--compare: graphs for --search rl")
+    ap.add_argument("--out", help="--compare: also write the table to this file")
     ap.add_argument("--graphs", help="comma-separated built-in graphs (default: all)")
     ap.add_argument("--steps", type=int, default=20, help="env steps timed per graph")
     ap.add_argument("--horizon", type=int, default=50)
@@ -82,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", help="also write the table to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.compare:
+        text = compare(args)
+        print(text)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n")
+        return 0
     names = args.graphs.split(",") if args.graphs else graphs.names()
     path = Path(args.policy) if args.policy else default_policy_path()
     cap = args.max_candidates or None

@@ -130,14 +130,19 @@ class GraphEncoder(nn.Module):
             e = e + self.edge_update(torch.cat([h0[src], h0[dst], e], dim=1))
         return e
 
-    def _layer(self, i: int, h: Tensor, edge_index: Tensor, e: Tensor | None, deg: Tensor | None) -> Tensor:
-        """Message-passing layer i (residual, LayerNorm) on both-direction edges; `deg` [N]: GCN's node degrees."""
+    def _layer(self, i: int, h: Tensor, edge_index: Tensor, e: Tensor | None, deg: Tensor | None,
+               n_out: int | None = None) -> Tensor:
+        """Message-passing layer i (residual, LayerNorm) on both-direction edges; `deg` [N]: GCN's node degrees.
+
+        With `n_out`, only the first n_out nodes are computed ([n_out, H]; every edge must end among them).
+        """
         conv = self.convs[i]
+        h_out = h if n_out is None else h[:n_out]
         if self.cfg.kind == "gcn":
-            out = gcn_propagate(conv, h, edge_index, deg)
+            out = gcn_propagate(conv, h, edge_index, deg, n_out)
         else:
-            out = conv(h, edge_index, edge_attr=e)
-        return self.norms[i](h + self.dropout(torch.relu(out)))
+            out = conv(h if n_out is None else (h, h_out), edge_index, edge_attr=e)
+        return self.norms[i](h_out + self.dropout(torch.relu(out)))
 
     def encode_nodes(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> tuple[list[Tensor], Tensor | None]:
         """([h_0, ..., h_L], each [N, H]; edge features [2E, H], None for gcn) of whole graphs."""
@@ -204,24 +209,35 @@ class GraphEncoder(nn.Module):
             raw = torch.cat([raw, (which >= n_e).to(raw.dtype).unsqueeze(-1)], dim=1)  # + the reverse flag
             e = e_state[eid.clamp(min=0)] if e_state.size(0) else e_state.new_zeros(eid.numel(), e_state.size(1))
             e = e.index_put((redo,), self._edge_features(h, edge_index[:, redo], raw))
+        # Local nodes by level, so that layer l computes a prefix (level <= l) from a prefix (level <= l + 1).
+        order = torch.argsort(lv, stable=True)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel(), device=order.device)
+        lv, prow, h, deg = lv[order], prow[order], h[order], meta.loc_deg[order]
+        edge_index = inv[edge_index]
+        bounds = torch.searchsorted(lv, torch.arange(layers + 2, device=lv.device), right=True).tolist()  # n_l
         dst_level = lv[edge_index[1]]
-        level = lv.unsqueeze(-1)
         for i in range(layers):
             into = dst_level <= i + 1  # layer i+1 recomputes only nodes of level <= i+1: only their messages count
-            out = self._layer(i, h, edge_index[:, into], None if e is None else e[into], meta.loc_deg)
-            h = torch.where(level > i + 1, hs[i + 1][prow], out)
-        pooled = self._pool_incremental(hs[-1], h, meta)  # [R, H]
+            n_out = bounds[i + 1]
+            out = self._layer(i, h[:bounds[i + 2]], edge_index[:, into], None if e is None else e[into], deg, n_out)
+            h = torch.cat([out, hs[i + 1][prow[n_out:]]])
+        pooled = self._pool_incremental(hs[-1], h, lv, meta.loc_region[order], meta.loc_prow[order], meta)  # [R, H]
         return state_emb, self.readout(torch.cat([self.global_in(meta.region_u), pooled], dim=1))
 
-    def _pool_incremental(self, hs: Tensor, h: Tensor, meta: IncrementalMeta) -> Tensor:
-        """pool() of every candidate graph: the state's nodes less `replaced` rows, plus the region's nodes."""
+    def _pool_incremental(self, hs: Tensor, h: Tensor, level: Tensor, region: Tensor, prow: Tensor,
+                          meta: IncrementalMeta) -> Tensor:
+        """pool() of every candidate graph: the state's nodes less the rows it drops or replaces, plus the region's.
+
+        hs [N, H]: the states' last node states; h, level, region, prow [n]: the local nodes'.
+        """
         g = meta.graphs
         num_states, num_regions = g.num_graphs, meta.num_regions
-        inside = meta.loc_level <= self.cfg.layers  # [n]: the region proper (not its boundary)
-        h_in, reg_in = h[inside], meta.loc_region[inside]
-        kept = inside & (meta.loc_prow >= 0)  # region nodes that replace a row of the state
-        rep_row = torch.cat([meta.loc_prow[kept], meta.rem_row])  # [r]: rows the candidate drops or replaces
-        rep_reg = torch.cat([meta.loc_region[kept], meta.rem_region])
+        inside = level <= self.cfg.layers  # [n]: the region proper (not its boundary)
+        h_in, reg_in = h[inside], region[inside]
+        kept = inside & (prow >= 0)  # region nodes that replace a row of the state
+        rep_row = torch.cat([prow[kept], meta.rem_row])  # [r]: rows the candidate drops or replaces
+        rep_reg = torch.cat([region[kept], meta.rem_region])
         rs = meta.region_state
         kind = self.cfg.pooling
         if kind in ("sum", "mean"):
@@ -256,16 +272,19 @@ def node_degree(edge_index: Tensor, num_nodes: int) -> Tensor:
     return torch.bincount(edge_index[1], minlength=num_nodes).to(torch.float32)
 
 
-def gcn_propagate(conv: GCNConv, h: Tensor, edge_index: Tensor, deg: Tensor) -> Tensor:
+def gcn_propagate(conv: GCNConv, h: Tensor, edge_index: Tensor, deg: Tensor, n_out: int | None = None) -> Tensor:
     """GCNConv's output with the degrees given, so that a subgraph's boundary nodes keep their true degree:
 
         out_i = sum_{j in N(i) + i} (deg_i + 1)^-1/2 (deg_j + 1)^-1/2 W h_j + b     (self-loops of weight 1)
+
+    for the first `n_out` nodes (all by default).
     """
+    n_out = h.size(0) if n_out is None else n_out
     xw = conv.lin(h)  # [N, H]
-    dinv = (deg + 1.0).pow(-0.5)  # [N]
+    dinv = (deg[:h.size(0)] + 1.0).pow(-0.5)  # [N]
     src, dst = edge_index
     msg = xw[src] * (dinv[src] * dinv[dst]).unsqueeze(-1)  # [2E, H]
-    out = scatter(msg, dst, 0, dim_size=h.size(0), reduce="sum") + xw * (dinv * dinv).unsqueeze(-1)
+    out = scatter(msg, dst, 0, dim_size=n_out, reduce="sum") + xw[:n_out] * (dinv[:n_out] ** 2).unsqueeze(-1)
     return out + conv.bias if conv.bias is not None else out
 
 
