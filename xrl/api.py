@@ -21,6 +21,7 @@ from xrl.ir import Graph
 SEARCH_METHODS = ("none", "greedy", "random", "taso", "tensat", "rl")
 # The pre-passes' result is dropped when its estimate is this much above the original's
 PREPASS_TOLERANCE = 0.01
+PREPASS_SHARE = 0.25  # of the time limit (or the default one), for the pre-passes
 # --measure: alternating rounds are added up to this many while the speed-up's interval is wider than +-1.5%
 MEASURE_MAX_ROUNDS = 20
 
@@ -220,11 +221,18 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
     cost_model = get_cost(cost, device, target=tgt.name, **dict(cost_options or {}))
     original_cost = cost_model.cost(loaded.graph)
     t0 = time.perf_counter()
-    start, reports = _prepassed(loaded, tgt.prepasses if prepass is None else tuple(prepass), input_shapes)
+    from xrl.search.progress import DEFAULT_TIME_LIMIT_S
+
+    # the pre-passes share the time limit: a quarter of it, the rest is the search's
+    budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
+    start, reports = _prepassed(loaded, tgt.prepasses if prepass is None else tuple(prepass), input_shapes,
+                                budget)
     # within the estimate's resolution (a bias read as a Gemm input or an Add's) the peers' form is kept
     if start is not loaded.graph and cost_model.cost(start) > original_cost * (1 + PREPASS_TOLERANCE):
         reports.append({"name": "(all)", "applied": False, "detail": "dropped: estimated slower than the original"})
         start = loaded.graph
+    if time_limit is not None and time_limit != float("inf"):
+        time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
     while True:
         outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                              options=search_options or {})
@@ -263,8 +271,8 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
         target=tgt.name, estimate=not cost_model.measured, prepasses=reports)
 
 
-def _prepassed(loaded: LoadedModel, names: Sequence[str],
-               input_shapes: Mapping[str, Sequence[int]] | None) -> tuple[Graph, list[dict[str, Any]]]:
+def _prepassed(loaded: LoadedModel, names: Sequence[str], input_shapes: Mapping[str, Sequence[int]] | None,
+               time_limit: float | None) -> tuple[Graph, list[dict[str, Any]]]:
     """The IR graph the search starts from: the model after the pre-passes (`xrl.frontends.prepass`),
     or the loaded graph itself when none applies."""
     if not names:
@@ -275,7 +283,7 @@ def _prepassed(loaded: LoadedModel, names: Sequence[str],
     def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
         from_onnx(m, input_shapes, name=loaded.graph.name).validate()
 
-    out, reports = run_prepasses(loaded.reference, names, check=importable)
+    out, reports = run_prepasses(loaded.reference, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
         return loaded.graph, [r.to_json() for r in reports]
     return from_onnx(out, input_shapes, name=loaded.graph.name), [r.to_json() for r in reports]

@@ -225,32 +225,31 @@ class _Walker:
         return True
 
     def fusable_prologue(self, value: str, *, batch: bool) -> list[Node]:
-        """The nodes before a MatMul input that FusedMatMul absorbs: a scalar Mul/Div (MatMulScale) and a
-        Transpose of the last two axes or of the batch axes, possibly behind a Reshape (MatmulTranspose
-        with transBatch). Only nodes emitted alone and read by nothing else; [] when there are none."""
+        """The nodes before a MatMul input that FusedMatMul absorbs, walking up from the input: a scalar
+        Mul/Div (MatMulScale), a Transpose of the last two axes (transA/transB), and, for a MatMul of two
+        activations, a Transpose of the batch axes behind a Reshape (transBatch). Only nodes emitted
+        alone and read by nothing else; [] when there are none."""
         found: list[Node] = []
-        behind_reshape = False
-        for _ in range(3):
+        swap = reshape = batch_done = False
+        for _ in range(5):
             p = self.g.producer(value)
             if p is None or value in self.g.outputs or len(self.users(value)) != 1:
                 break
-            if p.op in ("Mul", "Div") and self.is_scalar_const(p.inputs[1]) and not found and not behind_reshape:
+            i = None
+            if p.op in ("Mul", "Div") and self.is_scalar_const(p.inputs[1]) and not found and not reshape:
                 i = self.unfused(p, p.op)
-            elif p.op == "Transpose" and (self._swaps_last_two(p)
-                                          or (batch and behind_reshape and self._batch_transpose(p))):
-                i = self.unfused(p, "Transpose")
-            elif p.op == "Reshape" and not found and not behind_reshape:
-                value, behind_reshape = p.inputs[0], True
+            elif p.op == "Transpose" and self._swaps_last_two(p) and not swap and not reshape:
+                i, swap = self.unfused(p, "Transpose"), True
+            elif p.op == "Reshape" and batch and not reshape:
+                value, reshape = p.inputs[0], True  # a view: it stays, the walk looks behind it
                 continue
-            else:
-                break
+            elif p.op == "Transpose" and batch and reshape and not batch_done and self._batch_transpose(p):
+                i, batch_done = self.unfused(p, "Transpose"), True
             if i is None:
                 break
             found += self.absorb(i)
-            if p.op == "Transpose":
-                break
             value = p.inputs[0]
-        return found if any(n.op == "Transpose" or n.op in ("Mul", "Div") for n in found) else []
+        return found
 
     def matmul_add(self, mm: Node) -> bool:
         """MatMul(A, B 2-D) -> Add(C) => Gemm (MatMulAddFusion), then Gemm -> activation => FusedGemm.

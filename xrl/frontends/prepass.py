@@ -116,11 +116,56 @@ _RUNNERS: dict[str, Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]] = 
 }
 
 
+def _in_child(name: str, data: bytes, conn) -> None:  # noqa: ANN001 - a multiprocessing Connection
+    try:
+        out, detail = _RUNNERS[name](onnx.load_from_string(data))
+        conn.send((out.SerializeToString() if out is not None else None, detail, None))
+    except Exception as e:  # reported by the parent as a dropped pass
+        from xrl.frontends.onnx_io import brief_error
+
+        conn.send((None, "", brief_error(e)))
+    finally:
+        conn.close()
+
+
+def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tuple[onnx.ModelProto, str]:
+    """Run a pass in a child process that is killed after `timeout` seconds: the libraries have no time
+    limit of their own, and some of their passes are quadratic in the node count."""
+    if timeout is None or timeout == float("inf"):
+        return _RUNNERS[name](model)
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_in_child, args=(name, model.SerializeToString(), child), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout):
+            raise TimeoutError(f"took longer than {timeout:.0f} s")
+        data, detail, error = parent.recv()
+    except EOFError:
+        raise RuntimeError(f"the pass's process ended without a result (exit code {proc.exitcode})") from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if error:
+        raise RuntimeError(error)
+    return (onnx.load_from_string(data) if data is not None else model), detail
+
+
 def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
-                  check: Callable[[onnx.ModelProto], None] | None = None) -> tuple[onnx.ModelProto, list[PassReport]]:
-    """Run the named passes in order. Each result must pass `check` (import into the IR, say: it raises
-    on failure), else it is dropped."""
+                  check: Callable[[onnx.ModelProto], None] | None = None,
+                  time_limit: float | None = None) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """Run the named passes in order, within `time_limit` seconds in all (None: no limit; a pass that
+    would run past it is stopped and skipped). Each result must pass `check` (import into the IR, say:
+    it raises on failure), else it is dropped."""
+    import time
+
     from xrl.frontends.onnx_io import brief_error
+
+    t0 = time.perf_counter()
 
     reports = []
     for name in names:
@@ -132,8 +177,12 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
         if model.ByteSize() > 2 ** 31 - 2 ** 20 or os.environ.get("XRL_NO_PREPASS"):
             reports.append(PassReport(name, False, before, before, "skipped (model over 2 GB, or XRL_NO_PREPASS)"))
             continue
+        left = None if time_limit is None else time_limit - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            reports.append(PassReport(name, False, before, before, "skipped: the pre-pass time limit was spent"))
+            continue
         try:
-            out, detail = _RUNNERS[name](model)
+            out, detail = _run_bounded(name, model, left)
             if out is model or histogram(out) == histogram(model) and len(out.graph.initializer) == len(
                     model.graph.initializer):
                 reports.append(PassReport(name, False, before, before, detail or "no change"))

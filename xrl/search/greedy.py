@@ -62,6 +62,8 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
             estimate = {i: cand.delta_cost(screen, base) for i, cand in cands}
             cands = sorted(cands, key=lambda ic: (estimate[ic[0]], ic[0]))[:screen_top]
         for i, cand in cands:
+            if time_limit is not None and explored % 16 == 0 and time.perf_counter() - t0 >= time_limit:
+                break  # out of time mid-step: take the best improvement costed so far
             explored += 1
             c = cand.delta_cost(cost_model, cost)
             if c < cost * (1 - MIN_GAIN):
