@@ -59,9 +59,7 @@ class Kernel:
 
     op: str
     anchor: Node
-    nodes: tuple[Node, ...]
-    # the activation a fused op applies where it is not the anchor's own (for costing its traffic)
-    extra_inputs: tuple[str, ...] = ()
+    nodes: tuple[Node, ...]  # empty for an activation that runs as its own kernel after the anchor
 
 
 def kernel_histogram(kernels: Iterable[Kernel]) -> dict[str, int]:
@@ -112,12 +110,12 @@ class _Walker:
             return None
         return ins[1] if ins[0] == value else ins[0]
 
-    def emit(self, op: str, anchor: Node, *others: Node, extra_inputs: tuple[str, ...] = ()) -> None:
+    def emit(self, op: str, anchor: Node, *others: Node) -> None:
         nodes = (anchor, *others)
         self.taken.update(n.name for n in nodes)
         for n in nodes:
             self.kernel_of[n.name] = len(self.kernels)
-        self.kernels.append(Kernel(op, anchor, nodes, extra_inputs))
+        self.kernels.append(Kernel(op, anchor, nodes))
 
     def unfused(self, node: Node, op: str) -> int | None:
         """The index of the kernel `node` runs alone as `op`, if it was emitted that way."""
@@ -359,7 +357,7 @@ class _Walker:
             return False
         if ln.attr("axis", -1) not in (-1, out.rank - 1):
             return False
-        self.emit("com.microsoft:SkipLayerNormalization", ln, add, extra_inputs=tuple(add.inputs))
+        self.emit("com.microsoft:SkipLayerNormalization", ln, add)
         return True
 
     def gather_to_split(self) -> None:
