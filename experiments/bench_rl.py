@@ -76,15 +76,17 @@ def bench_graph(name: str, engine: RewriteEngine, policy: torch.nn.Module, steps
             f"{1e3 * fwd_s / n_states:.1f}", f"{np.mean(nodes):.0f}"]
 
 
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child would report its (large) parent's peak.
 _TRAIN_CHILD = """
-import json, resource, sys, torch
+import json, sys, torch
 torch.set_num_threads(1)
 from xrl.rl.train import train
-start_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+start_kb = hwm()
 s = train(json.loads(sys.argv[1]), sys.argv[2])
 busy = sum(m["collect_s"] + m["update_s"] for m in s.history)
-print(json.dumps({"steps": s.env_steps, "busy_s": busy, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "start_kb": start_kb}))
+print(json.dumps({"steps": s.env_steps, "busy_s": busy, "peak_kb": hwm(), "start_kb": start_kb}))
 """
 
 
@@ -153,7 +155,7 @@ def compare(args: argparse.Namespace) -> str:
                 searches.setdefault((name, method), []).append(search_once(name, method, default_policy_path()))
                 print(f"round {r + 1}: {name} {method} {searches[name, method][-1]}", file=sys.stderr)
 
-    def rate(rs: list[dict]) -> float:
+    def rate(rs: list[dict]) -> float:  # over all rounds' steps
         return sum(x["steps"] for x in rs) / sum(x["busy_s"] for x in rs)
 
     def peak(rs: list[dict], above_start: bool = False) -> float:
@@ -177,8 +179,8 @@ def compare(args: argparse.Namespace) -> str:
                      f"{t['rl new'] / t['rl old']:.2f}", f"<= 2x greedy ({t['greedy']:.2f} s, {sp['greedy']:.3f})"])
     table = format_table(["measure", "old: whole candidate graphs", "new: candidate regions", "new / old", "aim"],
                          rows)
-    return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: best rate over all rounds' "
-            f"steps; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, 3 layers, "
+    return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: steps/s over all rounds, "
+            f"the largest peak; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, 3 layers, "
             f"PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
             f"{args.episodes} episodes, horizon {args.train_horizon}, at most 32 candidates, workers=0 (one process, "
             f"one torch thread); steps/s = env steps / (collection + PPO update time). Search: the shipped policy, "

@@ -464,20 +464,22 @@ class IncrementalFeatures:
         self._states: OrderedDict[int, tuple[Graph, StateIndex]] = OrderedDict()
         self._regions: OrderedDict[int, tuple[Any, Region]] = OrderedDict()
 
-    def _memo(self, store: OrderedDict, owner: Any, make: Any) -> Any:
+    def _memo(self, store: OrderedDict, owner: Any, make: Any, capacity: int | None = None) -> Any:
+        capacity = self.capacity if capacity is None else capacity
         hit = store.get(id(owner))
         if hit is not None and hit[0] is owner:
             store.move_to_end(id(owner))
             return hit[1]
         value = make()
-        if self.capacity > 0:
+        if capacity > 0:
             store[id(owner)] = (owner, value)
-            if len(store) > self.capacity:
+            if len(store) > capacity:
                 store.popitem(last=False)
         return value
 
     def state(self, graph: Graph) -> StateIndex:
-        return self._memo(self._states, graph, lambda: StateIndex(graph))
+        # Few states come back (an episode's start graph, mostly), and an index weighs like its graph.
+        return self._memo(self._states, graph, lambda: StateIndex(graph), min(self.capacity, 64))
 
     def region(self, st: StateIndex, cand: Any) -> Region:
         return self._memo(self._regions, cand, lambda: region(st, cand, self.layers))
