@@ -180,8 +180,8 @@ def compare(args: argparse.Namespace) -> str:
     table = format_table(["measure", "old: whole candidate graphs", "new: candidate regions", "new / old", "aim"],
                          rows)
     return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: steps/s over all rounds, "
-            f"the largest peak; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, 3 layers, "
-            f"PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
+            f"the largest peak; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, "
+            f"3 layers, PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
             f"{args.episodes} episodes, horizon {args.train_horizon}, at most 32 candidates, workers=0 (one process, "
             f"one torch thread); steps/s = env steps / (collection + PPO update time). Search: the shipped policy, "
             f"argmax until it stops, analytic h100 cost.\n{table}")
