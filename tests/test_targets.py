@@ -190,3 +190,18 @@ def test_fusion_model_on_the_deployment_models(name, tmp_path):
     path = deploy_models.cached_export(name, "tiny", "torchscript", tmp_path)
     graph = load_model(str(path)).graph
     assert kernel_histogram(runtime_kernels(graph)) == ort_histogram(to_onnx(graph), tmp_path)
+
+
+def test_the_cuda_target_models_its_own_fusions():
+    """Without a GPU the CUDA target is checked as a model: its provider fuses only Relu into Conv and
+    nothing into Gemm, so a Conv+Sigmoid is one kernel on the CPU and two under CUDA."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "conv_sigmoid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    graph = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert kernel_histogram(runtime_kernels(graph, "cpu")) == {"com.microsoft:FusedConv": 1}
+    assert kernel_histogram(runtime_kernels(graph, "cuda")) == {"Conv": 1, "Sigmoid": 1}
+    cuda = TargetCostModel(target="ort-cuda", device="h100")
+    assert cuda.describe().startswith("ort-cuda") and cuda.cost(graph) > 0
