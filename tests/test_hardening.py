@@ -386,7 +386,7 @@ def test_progress_line_shows_step_speedup_and_elapsed():
     with search_progress("greedy", cost, graph, 300.0, stream=out, force=True):
         greedy_search(graph, cost, RewriteEngine())
     text = out.getvalue()
-    assert "[greedy] step 1" in text and "speed-up 1.000x" in text and "elapsed 0 s / 300 s" in text
+    assert "[greedy] step 1" in text and "speed-up 1.000x" in text and " s / 300 s" in text  # elapsed: load-dependent
     assert text.endswith("\r\033[K")  # erased at the end
     quiet = io.StringIO()  # not a terminal: nothing drawn
     with search_progress("greedy", cost, graph, 300.0, stream=quiet):
