@@ -205,3 +205,18 @@ def test_the_cuda_target_models_its_own_fusions():
     assert kernel_histogram(runtime_kernels(graph, "cuda")) == {"Conv": 1, "Sigmoid": 1}
     cuda = TargetCostModel(target="ort-cuda", device="h100")
     assert cuda.describe().startswith("ort-cuda") and cuda.cost(graph) > 0
+
+
+def test_prepasses_fuse_what_the_runtime_does_not(tmp_path):
+    """A GPT-style decoder (tanh GELU, pre-LN residuals): onnxruntime's own optimiser leaves the tanh GELU
+    and the two-consumer residual Adds unfused; its transformers optimizer, run as a pre-pass, fuses
+    them (FastGelu, SkipLayerNormalization, whose unused statistics outputs must be typed for the IR)."""
+    pytest.importorskip("torch")
+    from xrl.graphs import deploy_models
+
+    path = deploy_models.cached_export("gpt", "tiny", "torchscript", tmp_path)
+    res = optimize(str(path), target="ort-cpu", output=tmp_path / "gpt.xrl.onnx")
+    applied = {p["name"] for p in res.prepasses if p["applied"]}
+    assert "ort-transformers" in applied and res.verified and res.speedup > 1.05
+    ops = collections.Counter(n.op_type for n in onnx.load(tmp_path / "gpt.xrl.onnx").graph.node)
+    assert ops["FastGelu"] == 2 and ops["Tanh"] == 0

@@ -104,10 +104,31 @@ def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
     inference does not know them; onnxruntime's symbolic inference does)."""
     if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    # Optional outputs nothing reads (SkipLayerNormalization's mean and inv_std_var before the sum it
+    # does return) are left unnamed by the fusions; xrl's IR types every output, so name them here,
+    # where onnxruntime's shape inference can type them.
+    for n in model.graph.node:
+        if n.domain == CONTRIB_DOMAIN:
+            for i, v in enumerate(n.output):
+                if not v:
+                    n.output[i] = f"{n.name or n.op_type}/xrl_unused_{i}"
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     with _quiet():
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        model = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    # onnxruntime's inference gives a skip-layer-norm's statistics no shape: [..., 1] float per row
+    typed = {v.name: v for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    stats = {}
+    for n in model.graph.node:
+        if n.domain == CONTRIB_DOMAIN and n.op_type.startswith("Skip") and n.output[0] in typed:
+            dims = [d.dim_value for d in typed[n.output[0]].type.tensor_type.shape.dim]
+            stats.update({v: dims[:-1] + [1] for v in n.output[1:3] if v})
+    kept = [v for v in model.graph.value_info if v.name not in stats]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    model.graph.value_info.extend(onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, dims)
+                                  for v, dims in stats.items())
+    return model
 
 
 _RUNNERS: dict[str, Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]] = {
