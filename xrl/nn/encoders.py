@@ -185,7 +185,8 @@ class GraphEncoder(nn.Module):
             return state_emb, state_emb.new_zeros(0, state_emb.size(1))
         lv = meta.loc_level  # [n]
         prow = meta.loc_prow.clamp(min=0)  # [n]: the state's row (read only where the level says so)
-        h = hs[0][prow]  # [n, H]
+        # Gathers by index_select throughout: its backward is an index_add, where x[idx]'s is a (sorting) index_put.
+        h = hs[0].index_select(0, prow)  # [n, H]
         fresh = (lv == 0).nonzero().squeeze(-1)  # D_0: the only nodes whose features may differ
         x = g.x[prow[fresh]]
         has_x = meta.loc_xnew[fresh] >= 0
@@ -207,7 +208,8 @@ class GraphEncoder(nn.Module):
             raw[old] = g.edge_attr[meta.loc_eid[fwd][old]]
             raw[~old] = meta.edge_attr_new[meta.loc_enew[fwd][~old]]
             raw = torch.cat([raw, (which >= n_e).to(raw.dtype).unsqueeze(-1)], dim=1)  # + the reverse flag
-            e = e_state[eid.clamp(min=0)] if e_state.size(0) else e_state.new_zeros(eid.numel(), e_state.size(1))
+            e = (e_state.index_select(0, eid.clamp(min=0)) if e_state.size(0)
+                 else e_state.new_zeros(eid.numel(), e_state.size(1)))
             e = e.index_put((redo,), self._edge_features(h, edge_index[:, redo], raw))
         # Local nodes by level, so that layer l computes a prefix (level <= l) from a prefix (level <= l + 1).
         order = torch.argsort(lv, stable=True)
@@ -221,7 +223,7 @@ class GraphEncoder(nn.Module):
             into = dst_level <= i + 1  # layer i+1 recomputes only nodes of level <= i+1: only their messages count
             n_out = bounds[i + 1]
             out = self._layer(i, h[:bounds[i + 2]], edge_index[:, into], None if e is None else e[into], deg, n_out)
-            h = torch.cat([out, hs[i + 1][prow[n_out:]]])
+            h = torch.cat([out, hs[i + 1].index_select(0, prow[n_out:])])
         pooled = self._pool_incremental(hs[-1], h, lv, meta.loc_region[order], meta.loc_prow[order], meta)  # [R, H]
         return state_emb, self.readout(torch.cat([self.global_in(meta.region_u), pooled], dim=1))
 
@@ -241,8 +243,8 @@ class GraphEncoder(nn.Module):
         rs = meta.region_state
         kind = self.cfg.pooling
         if kind in ("sum", "mean"):
-            total = (scatter(hs, g.batch, 0, dim_size=num_states, reduce="sum")[rs]
-                     - scatter(hs[rep_row], rep_reg, 0, dim_size=num_regions, reduce="sum")
+            total = (scatter(hs, g.batch, 0, dim_size=num_states, reduce="sum").index_select(0, rs)
+                     - scatter(hs.index_select(0, rep_row), rep_reg, 0, dim_size=num_regions, reduce="sum")
                      + scatter(h_in, reg_in, 0, dim_size=num_regions, reduce="sum"))
             return total / meta.region_count.unsqueeze(-1) if kind == "mean" else total
         if kind == "max":

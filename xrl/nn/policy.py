@@ -62,7 +62,8 @@ class GraphPolicy(nn.Module):
         if isinstance(meta, IncrementalMeta):
             h_s, h_r = self.encoder.encode_incremental(meta)  # [S, H], [R, H]
             emb = torch.cat([h_s, h_r])
-            h_c = emb[torch.where(meta.cand_region >= 0, meta.cand_region + meta.num_states, meta.cand_state)]
+            h_c = emb.index_select(0, torch.where(meta.cand_region >= 0, meta.cand_region + meta.num_states,
+                                                  meta.cand_state))
         else:
             g = meta.graphs
             emb = self.encoder(g.x, g.edge_index, g.edge_attr, g.u, g.batch)  # [B, H]: one per graph
