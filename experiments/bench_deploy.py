@@ -7,8 +7,9 @@ it writes its ONNX-level fusions); and `xrl optimize` (the CLI, default target).
 are checked against the original's under onnxruntime on seeded inputs (rtol 1e-3, atol 1e-4).
 
 Timing is onnxruntime with ORT_ENABLE_ALL, for one thread and for all threads, interleaved: each round runs
-every variant `--runs` times, in a seeded random order; a variant's time in a round is the median of its
-runs. Its speed-up is the per-round ratio original/variant; the table gives the median ratio over rounds
+every variant `--runs` times, in a seeded random order, each in a session made fresh for the round (two
+sessions of one file can differ by several percent for their whole lives); a variant's time in a round
+is the median of its runs. Its speed-up is the per-round ratio original/variant; the table gives the median ratio over rounds
 and a 95% percentile-bootstrap interval of that median (2000 seeded resamples of the rounds).
 
     .venv/bin/python experiments/bench_deploy.py [--models bert,gpt,vit,resnet,effnet]
@@ -260,27 +261,28 @@ def prepare(model: str, exporter: str, args, workdir: Path, bar) -> Result:
 def time_result(result: Result, threads: str, args, bar) -> dict[str, Timing]:
     from xrl.graphs import deploy_models as dm
 
-    live = [v for v in result.variants.values() if v.path is not None and v.error is None]
+    live = {v.name: v for v in result.variants.values() if v.path is not None and v.error is None}
     feeds = dm.input_feeds(result.model, args.size, seed=args.seed)
-    sessions = {v.name: session(v.path, 1 if threads == "1" else 0) for v in live}
-    for sess in sessions.values():  # warm-up: first runs allocate and tune
-        for _ in range(2):
-            sess.run(None, feeds)
     rng = random.Random(f"{args.seed}-{result.model}-{result.exporter}-{threads}")
-    per_round: dict[str, list[float]] = {name: [] for name in sessions}
+    per_round: dict[str, list[float]] = {name: [] for name in live}
     for r in range(args.rounds):
         bar.set_description(f"{result.model}/{result.exporter}: time, threads={threads}, round {r + 1}")
-        order = list(sessions)
+        order = list(live)
         rng.shuffle(order)
         for name in order:
-            sess, times = sessions[name], []
+            # A fresh session every round: two sessions of one file can differ by several percent for
+            # their whole lives (memory placement), which a session kept across rounds would report as
+            # a speed-up. Building it is not timed; two warm-up runs allocate and tune.
+            sess, times = session(live[name].path, 1 if threads == "1" else 0), []
+            for _ in range(2):
+                sess.run(None, feeds)
             for _ in range(args.runs):
                 t0 = time.perf_counter()
                 sess.run(None, feeds)
                 times.append(time.perf_counter() - t0)
             per_round[name].append(float(np.median(times)))
+            del sess
         bar.update(1)
-    del sessions
     out = {}
     for name, times in per_round.items():
         timing = Timing(median_ms=1e3 * float(np.median(times)), rounds_ms=[1e3 * t for t in times])
