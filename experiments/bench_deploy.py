@@ -9,8 +9,8 @@ are checked against the original's under onnxruntime on seeded inputs (rtol 1e-3
 Timing is onnxruntime with ORT_ENABLE_ALL, for one thread and for all threads, interleaved: each round runs
 every variant `--runs` times, in a seeded random order, each in a session made fresh for the round (two
 sessions of one file can differ by several percent for their whole lives); a variant's time in a round
-is the median of its runs. Its speed-up is the per-round ratio original/variant; the table gives the median ratio over rounds
-and a 95% percentile-bootstrap interval of that median (2000 seeded resamples of the rounds).
+is the median of its runs. Its speed-up is the per-round ratio original/variant; the table gives the
+median ratio over rounds and a 95% percentile-bootstrap interval of that median (2000 seeded resamples).
 
     .venv/bin/python experiments/bench_deploy.py [--models bert,gpt,vit,resnet,effnet]
         [--exporters torchscript,dynamo] [--size base|tiny] [--threads 1,all] [--rounds 7] [--runs 5]
