@@ -78,7 +78,9 @@ def _summarise(trajs: list[_Trajectory], original_cost: float, t0: float) -> Pol
 
 def make_env(graph: Graph, cost_model: CostModel, *, engine: Any = None, horizon: int = 50,
              max_candidates: int | None = None) -> GraphRewriteEnv:
-    return GraphRewriteEnv(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
+    # xrl's own policy reads the env's candidates, not the padded observation external libraries need
+    return GraphRewriteEnv(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates,
+                           observation="summary")
 
 
 def optimize_with_policy(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,

@@ -150,7 +150,9 @@ class _Worker:
         self.index = index
         self.cost = get_cost_model(spec.cost, device=spec.device)
         self.graphs = {name: resolve_graph(name) for name in spec.graphs}
-        self.env = GraphRewriteEnv(next(iter(self.graphs.values())), self.cost, **dict(spec.env))
+        # xrl's policy reads the candidates themselves: the summary observation, not the padded arrays
+        self.env = GraphRewriteEnv(next(iter(self.graphs.values())), self.cost,
+                                   **{"observation": "summary", **dict(spec.env)})
         self.policy = GraphPolicy(spec.policy)
         self.featurize = self.policy.features(spec.cache_size)
 
