@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	@mkdir -p out
 	$(VENV)/bin/xrl optimize bert --search rl --target paper -o out/bert.paper.onnx --force
-	$(VENV)/bin/xrl optimize bert -o out/bert.xrl.onnx --force
+	$(VENV)/bin/xrl optimize bert -o out/bert.xrl.onnx --force --measure
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
