@@ -220,3 +220,25 @@ def test_prepasses_fuse_what_the_runtime_does_not(tmp_path):
     assert "ort-transformers" in applied and res.verified and res.speedup > 1.05
     ops = collections.Counter(n.op_type for n in onnx.load(tmp_path / "gpt.xrl.onnx").graph.node)
     assert ops["FastGelu"] == 2 and ops["Tanh"] == 0
+
+
+def test_prepasses_are_bounded_and_named(capsys, monkeypatch):
+    import time
+
+    from xrl.frontends import prepass
+
+    def stuck(model):  # a library pass that does not finish (the forked child inherits this patch)
+        time.sleep(30)
+        return model, ""
+
+    model = load_model("mlp").reference
+    monkeypatch.setitem(prepass._RUNNERS, "onnxslim", stuck)
+    t0 = time.perf_counter()
+    _, reports = prepass.run_prepasses(model, ["onnxslim"], time_limit=0.5)
+    assert time.perf_counter() - t0 < 10 and not reports[0].applied and "TimeoutError" in reports[0].detail
+    monkeypatch.undo()
+    _, reports = prepass.run_prepasses(model, ["onnxslim"], time_limit=1e-9)
+    assert "time limit was spent" in reports[0].detail
+    code = main(["optimize", "mlp", "--prepass", "onnxslim,bogus"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown pre-pass 'bogus'" in err and len(err.strip().splitlines()) == 1
