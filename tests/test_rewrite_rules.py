@@ -128,3 +128,28 @@ def test_verification_is_deterministic(rules: list) -> None:
     rule = next(r for r in rules if r.name == "merge_conv_pad_kernel")
     a, b = verify_rule(rule, seed=3), verify_rule(rule, seed=3)
     assert (a.ok, a.max_err, a.trials) == (b.ok, b.max_err, b.trials)
+
+
+WRONG_PAD = """
+# Fold a zero Pad into the Conv after it, but forget to add the pads (wrong)
+rule forget_the_pad family=fusion
+  y = Conv(Pad(x, p, opt(v), mode="constant"), w, opt(b), pads=q, group=g, activation=a, auto_pad="NOTSET", **r)
+  where weight(p) and numel(p) == 2 * rank(x) and min(value(p)) >= 0
+  where value(p)[0] == 0 and value(p)[1] == 0 and value(p)[rank(x)] == 0 and value(p)[rank(x) + 1] == 0
+  where not present(v) or all_equal(v, 0.0)
+  =>
+  y = Conv(x, w, opt(b), pads=q, group=g, activation=a, **r)
+  example R=choice(1, 2), K=choice(1, 3), H=between(3, 6), W=between(3, 6), D=between(3, 5), G=choice(1, 2)
+  example x=[N, G * C, H, W, D][:R + 2], w=[G * M, C, K, K, K][:R + 2], b=[G * M], v=fill([], 0.0)
+  example p=ints([0, 0, P1, P2, P3][:R + 2] + [0, 0, P4, P5, P6][:R + 2]), P1=between(0, 2), P2=between(0, 2)
+  example P3=between(0, 2), P4=between(0, 2), P5=between(0, 2), P6=between(0, 2)
+"""
+
+
+def test_a_rule_whose_rewrite_changes_a_shape_fails() -> None:
+    """Dropping the Pad without adding its pads changes the output's shape whenever a pad is nonzero: the
+    engine rejects those rewrites, and verification must fail the rule rather than retry until a draw of
+    all-zero pads hides the mistake."""
+    for seed in range(3):
+        check = verify_rule(parse_rules(WRONG_PAD, "wrong_pad.rules")[0], seed=seed, trials=10)
+        assert not check.ok and "does not type-check" in check.detail, check.detail

@@ -311,6 +311,7 @@ class RewriteEngine:
         seen: set[tuple] = set()
         hashes = {graph.canonical_hash} if self.exact_dedup else set()
         out: list[Candidate] = []
+        self.rejected = []  # matches of this call whose rewrite did not type-check (read by rule verification)
         for matcher in self._matchers:
             if past_deadline():
                 self.timed_out += 1
@@ -327,6 +328,8 @@ class RewriteEngine:
                     break
                 built = _Builder(index, matcher.rule, match, self._memo).build()
                 if built is None:
+                    if len(self.rejected) < 64:
+                        self.rejected.append(key)
                     continue
                 node_sets.add(key)
                 cand, delta_key, noop = built

@@ -70,6 +70,11 @@ def verify_rule(rule: Rule, *, seed: int = 0, trials: int = 3, attempts: int = 3
             continue
         cands = engine.candidates(inst.graph)
         if not any(set(c.location) == inst.pattern for c in cands):
+            if any(set(k) == set(inst.pattern) for k in engine.rejected):
+                # it matched, but its result does not type-check: a wrong rule (its shapes are off), not a
+                # draw to retry, or a rule would pass on the draws where its mistake happens to cancel
+                return _fail(rule, done, max_err, f"it matched its own instance but the rewrite does not type-check "
+                                                  f"(it changes a shape?) on shapes {_shapes(inst)}", t0)
             last = "the rule did not match its own instance (conditions false for this draw?)"
             continue
         for cand in cands:
