@@ -70,8 +70,9 @@ def machine_id() -> str:
 
 
 def calibration_path() -> Path:
-    root = os.environ.get("XRL_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "xrl") / CALIBRATION_FILE
+    from xrl.cost.op_measured import cache_dir
+
+    return cache_dir() / CALIBRATION_FILE
 
 
 def _session(nodes, inits, x_shape, y_name, y_shape, threads: int):

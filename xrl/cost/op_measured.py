@@ -50,9 +50,14 @@ class CacheError(XrlError):
     """The op timing cache file cannot be opened or is not an xrl cache."""
 
 
-def default_cache_path() -> Path:
+def cache_dir() -> Path:
+    """Where xrl keeps what it measured on this machine: $XRL_CACHE_DIR, else ~/.cache/xrl."""
     root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "xrl") / CACHE_FILE
+    return Path(root) if root else Path.home() / ".cache" / "xrl"
+
+
+def default_cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
 
 
 class OpTimingCache:
