@@ -13,7 +13,7 @@ onnxruntime's transformers at ORT_ENABLE_EXTENDED (the level below layout change
                     computes what another computes (CommonSubexpressionElimination)
     ConvBNFusion    Conv -> BatchNormalization           (constant BN parameters; Conv has one consumer)
     ConvAdd/Mul     Conv -> Add|Mul(constant per-channel)
-    PadFusion       Pad(constant zero pads on spatial dims) -> Conv | AveragePool | MaxPool
+    PadFusion       Pad(constant zero pads on spatial dims) -> Conv | AveragePool (never MaxPool)
     MatMulAdd       MatMul(A, B 2-D) -> Add(constant bias)   => Gemm
     ConvActivation  Conv -> Relu|Sigmoid|Tanh|LeakyRelu|Clip|HardSigmoid   => FusedConv
     GemmActivation  Gemm -> Relu|Sigmoid|Tanh|LeakyRelu|...    => FusedGemm (cpu)
@@ -159,7 +159,8 @@ class _Walker:
     # Pad -> Conv / pooling: the Pad disappears into the consumer's pads (PadFusion)
     def fuse_Pad(self, pad: Node) -> bool:
         user = self.only_user(pad)
-        if user is None or user.op not in ("Conv", "AveragePool", "MaxPool") or user.inputs[0] != pad.outputs[0]:
+        # zero padding changes a max: onnxruntime folds only into Conv and AveragePool
+        if user is None or user.op not in ("Conv", "AveragePool") or user.inputs[0] != pad.outputs[0]:
             return False
         pads = self.const(pad.inputs[1]) if len(pad.inputs) > 1 else None
         mode = pad.attr("mode", "constant")
@@ -169,8 +170,6 @@ class _Walker:
         rank = self.g.type_of(pad.inputs[0]).rank
         if pads.size != 2 * rank or np.any(pads < 0) or pads[0] or pads[1] or pads[rank] or pads[rank + 1]:
             return False
-        if user.op == "MaxPool":
-            return False  # zero padding changes a max: onnxruntime folds only into Conv and AveragePool
         if user.op == "AveragePool" and (user.attr("ceil_mode", 0) or not user.attr("count_include_pad", 0)
                                          and any(user.attr("pads") or ())):
             return False  # the folded pads must count as the Pad's zeros did

@@ -190,8 +190,5 @@ class TargetCostModel(CostModel):
             out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self.kernel_cost(k, graph)
         return out
 
-    def delta_cost(self, old, old_cost, new, removed, added) -> float:  # noqa: ANN001 - the base signature
-        return self.cost(new)
-
     def describe(self) -> str:
         return f"{self.target.name}: estimate, {self.profile} roofline over onnxruntime's fusions"
