@@ -55,6 +55,16 @@ def t95(dof: int) -> float:
     return _T95[dof - 1] if dof <= len(_T95) else 2.2
 
 
+def ratio_interval(ratios: Sequence[float]) -> tuple[float, float]:
+    """The 95% t interval of per-round ratios, on their logarithms (a point for one round or no spread)."""
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(centre), math.exp(centre)
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(centre - half), math.exp(centre + half)
+
+
 @dataclass(frozen=True)
 class MeasuredSpeedup:
     """`before` / `after` pool the rounds; `round_speedups` are the per-round ratios before/after."""
@@ -74,19 +84,12 @@ class MeasuredSpeedup:
     @property
     def interval(self) -> tuple[float, float]:
         """The 95% interval of the speed-up from the rounds' spread (a point for one round or no spread)."""
-        logs = [math.log(r) for r in self.round_speedups]
-        centre = statistics.fmean(logs)
-        if len(logs) < 2:
-            return math.exp(centre), math.exp(centre)
-        half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-        return math.exp(centre - half), math.exp(centre + half)
+        return ratio_interval(self.round_speedups)
 
     @property
     def control(self) -> tuple[float, float] | None:
         """The A/A control's 95% interval (None without a control)."""
-        if not self.control_speedups:
-            return None
-        return MeasuredSpeedup("", self.before, self.before, self.control_speedups).interval
+        return ratio_interval(self.control_speedups) if self.control_speedups else None
 
     @property
     def noise(self) -> float:
