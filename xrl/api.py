@@ -280,10 +280,12 @@ def _prepassed(loaded: LoadedModel, names: Sequence[str], input_shapes: Mapping[
     from xrl.frontends.onnx_io import from_onnx
     from xrl.frontends.prepass import run_prepasses
 
+    imported: dict[int, Graph] = {}  # each accepted pass's model is imported once, by the check
+
     def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
-        from_onnx(m, input_shapes, name=loaded.graph.name).validate()
+        imported[id(m)] = from_onnx(m, input_shapes, name=loaded.graph.name).validate()
 
     out, reports = run_prepasses(loaded.reference, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
         return loaded.graph, [r.to_json() for r in reports]
-    return from_onnx(out, input_shapes, name=loaded.graph.name), [r.to_json() for r in reports]
+    return imported[id(out)], [r.to_json() for r in reports]
