@@ -277,6 +277,7 @@ class RewriteEngine:
         self.max_matches = max_matches if max_matches is not None else max_matches_default()
         self.cut_rules: Counter[str] = Counter()  # rule -> graphs where the cap cut its matches
         self.timed_out = 0  # enumerations stopped by a search's deadline
+        self.rejected: list[frozenset[str]] = []  # the last call's matches whose rewrite did not type-check
         if rules is None:
             from xrl.rewrite.rules import load_rules
 
@@ -311,7 +312,7 @@ class RewriteEngine:
         seen: set[tuple] = set()
         hashes = {graph.canonical_hash} if self.exact_dedup else set()
         out: list[Candidate] = []
-        self.rejected = []  # matches of this call whose rewrite did not type-check (read by rule verification)
+        self.rejected = []  # read by rule verification: a rule that matches but never type-checks is wrong
         for matcher in self._matchers:
             if past_deadline():
                 self.timed_out += 1
