@@ -8,24 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_helpers import assert_user_error, run
 from onnx import TensorProto, helper, numpy_helper
 
 from xrl.cli import main
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, f"{n!r} not in {err!r}"
 
 
 def small_model(dynamic: bool = False) -> onnx.ModelProto:

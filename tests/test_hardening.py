@@ -9,26 +9,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_helpers import assert_user_error, run
 from onnx import TensorProto, helper, numpy_helper
 
-from xrl.cli import main
 from xrl.errors import XrlError
 from xrl.frontends.onnx_io import from_onnx
 from xrl.limits import MAX_ELEMENTS_ENV, TensorTooLargeError
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
-    for n in needles:
-        assert n in err, f"{n!r} not in {err!r}"
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
