@@ -10,12 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from xrl.frontends.onnx_io import from_onnx
-
 from xrl import graphs
 from xrl.cli.output import format_table
 from xrl.cost import get_cost_model
 from xrl.features import featurize
+from xrl.frontends.onnx_io import from_onnx
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):
