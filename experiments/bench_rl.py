@@ -92,7 +92,7 @@ print(json.dumps({"steps": s.env_steps, "busy_s": busy, "peak_kb": hwm(), "start
 
 def train_config(incremental: bool, graphs_: list[str], updates: int, episodes: int, horizon: int,
                  max_candidates: int) -> dict:
-    """xrl/conf/train.yaml (default model: gat, 64 wide, 3 layers) with the comparison's overrides."""
+    """conf/train.yaml (default model: gat, 64 wide, 3 layers) with the comparison's overrides."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -180,7 +180,7 @@ def compare(args: argparse.Namespace) -> str:
     table = format_table(["measure", "old: whole candidate graphs", "new: candidate regions", "new / old", "aim"],
                          rows)
     return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: steps/s over all rounds, "
-            f"the largest peak; search: fastest round). Training: xrl/conf/train.yaml defaults (gat, hidden 64, "
+            f"the largest peak; search: fastest round). Training: conf/train.yaml defaults (gat, hidden 64, "
             f"3 layers, PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
             f"{args.episodes} episodes, horizon {args.train_horizon}, at most 32 candidates, workers=0 (one process, "
             f"one torch thread); steps/s = env steps / (collection + PPO update time). Search: the shipped policy, "

@@ -23,7 +23,7 @@ FAST = ["graphs=small", "env.horizon=3", "episodes_per_worker=2", "model.hidden=
 
 
 def _cfg(**over):
-    """xrl/conf/train.yaml composed with FAST and `over`, as train() takes it (no Hydra run)."""
+    """conf/train.yaml composed with FAST and `over`, as train() takes it (no Hydra run)."""
     from hydra import compose, initialize_config_dir
 
     overrides = FAST + [f"{k}={v}" for k, v in over.items()]

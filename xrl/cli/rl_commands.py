@@ -1,4 +1,4 @@
-"""`xrl train` (the Hydra app over xrl/conf/) and `xrl eval` (a policy against baselines, per graph)."""
+"""`xrl train` (the Hydra app over conf/) and `xrl eval` (a policy against baselines, per graph)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,26 @@ from typing import Any
 from xrl.cli.output import format_table, print_json
 from xrl.errors import ConfigError, XrlError
 
-# The Hydra config tree ships inside the package (package-data), so a wheel install has it on disk too.
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+def _conf_dir() -> Path:
+    """The Hydra config tree: conf/ of the checkout, or conf/ where a wheel installed it (package-data)."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "train.yaml").is_file():
+            return candidate
+    return package.parent / "conf"
+
+
+CONF_DIR = _conf_dir()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train",
-                       help="train a rewrite policy with PPO (Hydra config in xrl/conf/; overrides as key=value)",
+                       help="train a rewrite policy with PPO (Hydra config in conf/; overrides as key=value)",
                        description="Train a policy. Overrides are Hydra's: `xrl train model=gin updates=100`; "
                                    "sweep with -m: `xrl train -m model=gat,gatv2,gin model.layers=3,5`. "
                                    "Show the composed config with `--cfg job`.")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides (see xrl/conf/train.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides (see conf/train.yaml)")
     p.add_argument("-m", "--multirun", action="store_true", help="sweep over comma-separated override values")
     p.add_argument("-c", "--cfg", choices=("job", "hydra", "all"), help="print the composed config and exit")
     p.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")

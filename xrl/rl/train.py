@@ -6,7 +6,7 @@
         every eval_every updates: one greedy episode per graph   (train and held-out)
         log metrics; every checkpoint_every updates: checkpoint  (atomic; last.pt and best.pt)
 
-`cfg` is the Hydra config of `xrl/conf/train.yaml` (or any mapping with the same keys); `train` knows
+`cfg` is the Hydra config of `conf/train.yaml` (or any mapping with the same keys); `train` knows
 nothing of Hydra itself, so tests and scripts call it directly.
 """
 
@@ -129,7 +129,7 @@ def _eval_metrics(records: Sequence[EpisodeRecord], train_graphs: Sequence[str])
 
 
 def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
-    """Train a policy as `cfg` says (see xrl/conf/train.yaml), writing checkpoints and logs under `out_dir`."""
+    """Train a policy as `cfg` says (see conf/train.yaml), writing checkpoints and logs under `out_dir`."""
     c = json.loads(json.dumps(_plain(cfg), default=str))  # plain values only: checkpoints load weights_only
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
