@@ -142,13 +142,14 @@ def uphill_paid_off(costs: Sequence[float], rel_tol: float = 1e-9) -> bool:
 class _Worker:
     """One worker's envs (one per graph, reused), policy copy and feature cache."""
 
-    def __init__(self, spec: CollectorSpec, index: int) -> None:
+    def __init__(self, spec: CollectorSpec, index: int, cost: Any = None) -> None:
+        """`cost`: the CostModel to use instead of `spec.cost` (a distributed backend passes a proxy)."""
         from xrl.cost import get_cost_model
         from xrl.env import GraphRewriteEnv, resolve_graph
 
         self.spec = spec
         self.index = index
-        self.cost = get_cost_model(spec.cost, device=spec.device)
+        self.cost = cost if cost is not None else get_cost_model(spec.cost, device=spec.device)
         self.graphs = {name: resolve_graph(name) for name in spec.graphs}
         # xrl's policy reads the candidates themselves: the summary observation, not the padded arrays
         self.env = GraphRewriteEnv(next(iter(self.graphs.values())), self.cost,
@@ -308,14 +309,8 @@ class ProcessCollector(RolloutCollector):
 
     def evaluate(self, weights: Mapping[str, torch.Tensor], graphs: Sequence[str]) -> list[EpisodeRecord]:
         weights = {k: v.detach().cpu() for k, v in weights.items()}
-        shards = [list(graphs[i:: len(self.conns)]) for i in range(len(self.conns))]
-        calls = [("evaluate", weights, s) for s in shards if s]
-        parts = self._call(calls)
-        by_name: dict[int, EpisodeRecord] = {}
-        for i, part in enumerate(parts):
-            for j, rec in enumerate(part):
-                by_name[i + j * len(self.conns)] = rec
-        return [by_name[k] for k in range(len(graphs))]
+        calls = [("evaluate", weights, s) for s in shard(graphs, len(self.conns))]
+        return unshard(self._call(calls), len(self.conns), len(graphs))
 
     def close(self) -> None:
         for conn in self.conns:
@@ -330,6 +325,34 @@ class ProcessCollector(RolloutCollector):
         self.conns, self.procs = [], []
 
 
-def make_collector(spec: CollectorSpec, workers: int) -> RolloutCollector:
-    """`workers` processes, or this process alone for workers <= 0."""
-    return ProcessCollector(spec, workers) if workers > 0 else LocalCollector(spec, 1)
+def shard(graphs: Sequence[str], n: int) -> list[list[str]]:
+    """Graphs dealt round-robin to `n` workers (empty shards left out: they come first-to-last)."""
+    return [s for s in (list(graphs[i::n]) for i in range(n)) if s]
+
+
+def unshard(parts: Sequence[Sequence[EpisodeRecord]], n: int, total: int) -> list[EpisodeRecord]:
+    """The records of `shard`'s shards back in the order of the graphs."""
+    by_index = {i + j * n: rec for i, part in enumerate(parts) for j, rec in enumerate(part)}
+    return [by_index[k] for k in range(total)]
+
+
+def make_collector(spec: CollectorSpec, workers: int, options: Mapping[str, Any] | None = None) -> RolloutCollector:
+    """The collector `options` (the `collector` config section) names; without it, `workers` processes,
+    or this process alone for workers <= 0.
+
+    kind: process (`workers` processes; 0: local), local (this process), ray (actors: xrl.distributed).
+    """
+    opts = dict(options or {})
+    kind = opts.pop("kind", "process")
+    if kind == "ray":
+        from xrl.distributed.ray_collector import RayCollector
+
+        return RayCollector.from_options(spec, opts)
+    from xrl.errors import ConfigError
+
+    if kind not in ("process", "local"):
+        raise ConfigError(f"unknown collector {kind!r}; choose one of: process, local, ray")
+    if opts:
+        raise ConfigError(f"collector {kind!r} has no setting {', '.join(map(repr, sorted(opts)))} "
+                          "(the number of processes is the top-level `workers`)")
+    return ProcessCollector(spec, workers) if kind == "process" and workers > 0 else LocalCollector(spec, 1)
