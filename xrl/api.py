@@ -18,7 +18,7 @@ from xrl.errors import OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
 
-SEARCH_METHODS = ("none", "greedy", "random", "taso", "tensat", "rl")
+SEARCH_METHODS = ("none", "greedy", "random", "taso", "tensat", "rl", "beam", "exhaustive")
 # The pre-passes' result is dropped when its estimate is this much above the original's
 PREPASS_TOLERANCE = 0.01
 PREPASS_SHARE = 0.25  # of the time limit (or the default one), for the pre-passes
@@ -183,6 +183,8 @@ _SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {
     "taso": _lazy("xrl.search.taso", "taso_runner"),
     "tensat": _lazy("xrl.search.tensat", "tensat_runner"),
     "rl": _lazy("xrl.search.rl_search", "run_rl"),
+    "beam": _lazy("xrl.search.beam", "beam_runner"),
+    "exhaustive": _lazy("xrl.search.beam", "exhaustive_runner"),
 }
 
 
