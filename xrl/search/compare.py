@@ -26,7 +26,7 @@ from typing import Any
 
 from xrl.errors import ConfigError, XrlError
 
-METHODS = ("rl", "taso", "tensat", "greedy", "random")
+METHODS = ("rl", "taso", "tensat", "greedy", "random", "beam", "exhaustive")
 SUITES = ("xrlflow", "taso", "small", "all")
 
 # A method's module that must import for the method to count as available (the RL policy search is
