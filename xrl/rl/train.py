@@ -194,7 +194,7 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
 
     bar = tqdm(range(start, updates), initial=start, total=updates, desc="train", unit="update",
                disable=not c.get("progress", True), dynamic_ncols=True)
-    collector = make_collector(spec, _typed("workers", c.get("workers", 2), 0))
+    collector = make_collector(spec, _typed("workers", c.get("workers", 2), 0), c.get("collector"))
     try:
         for update in bar:
             if ppo.anneal_lr:
