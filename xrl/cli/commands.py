@@ -91,8 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, help="seconds the search may take")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", help="policy checkpoint for --search rl (default: the shipped policy)")
+    p.add_argument("--rl-mode", choices=("guided", "argmax"),
+                   help="--search rl: guided (default: the argmax rollout, then a beam over the policy's prior ranked "
+                        "by its value head, within 60 s or --time-limit) or argmax (the policy's own choice each step)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
-                   help="--search rl: also play K sampled rollouts and keep the best graph (default 0: argmax only)")
+                   help="--search rl --rl-mode argmax: also play K sampled rollouts and keep the best graph")
     p.add_argument("--measure", nargs="?", const="auto", choices=("auto", "ort", "torch"), metavar="ENGINE",
                    help="also time the original and the optimised model end to end on this machine (onnxruntime "
                         "or torch; default auto: onnxruntime where it runs on the device) and report the measured "
@@ -233,14 +236,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
     options: dict = {}
-    if args.policy or args.samples:
+    if args.policy or args.samples or args.rl_mode:
         if args.search != "rl":
             from xrl.errors import ConfigError
 
-            raise ConfigError("--policy and --samples apply to --search rl only")
+            raise ConfigError("--policy, --rl-mode and --samples apply to --search rl only")
         options = {"policy": args.policy} if args.policy else {}
         if args.samples:
             options["samples"] = args.samples
+        if args.rl_mode:
+            options["mode"] = args.rl_mode
     if args.measure_repeats < 1:
         from xrl.errors import ConfigError
 
