@@ -14,7 +14,9 @@ $(STAMP): pyproject.toml
 	    $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; }
 	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,ray]'
+	@# the Hydra Ray launcher without its stale cloudpickle<3 pin (see pyproject.toml's ray extra)
+	$(PY) -m pip install -q --no-deps 'hydra-ray-launcher==1.2.2'
 	@touch $(STAMP)
 
 # The main job on the embedded default, twice: the shipped policy in the research setting it was trained
