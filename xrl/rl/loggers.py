@@ -42,13 +42,15 @@ class JsonlLogger(MetricLogger):
 
 class WandbLogger(MetricLogger):
     def __init__(self, out_dir: Path, *, project: str, mode: str, name: str | None, config: Mapping[str, Any],
-                 resume_id: str | None = None) -> None:
+                 resume_id: str | None = None, group: str | None = None, tags: Sequence[str] | None = None) -> None:
         if mode not in ("offline", "online", "disabled"):
             raise ConfigError(f"unknown wandb mode {mode!r}; choose offline, online or disabled")
         import wandb
 
+        # group and tags: the runs of one sweep side by side in wandb's UI (xrl train -m fills them in)
         self.run = wandb.init(project=project, mode=mode, dir=str(out_dir), name=name, config=dict(config),
-                              id=resume_id, resume="allow" if resume_id else None, reinit=True)
+                              id=resume_id, resume="allow" if resume_id else None, reinit=True, group=group,
+                              tags=[str(t)[:64] for t in tags] if tags else None)  # wandb refuses tags over 64
 
     @property
     def run_id(self) -> str:
@@ -95,7 +97,8 @@ class MultiLogger(MetricLogger):
 
 def make_logger(kind: str | Sequence[str], out_dir: Path, *, project: str = "xrl", mode: str = "offline",
                 name: str | None = None, config: Mapping[str, Any] | None = None, append: bool = False,
-                wandb_id: str | None = None) -> MultiLogger:
+                wandb_id: str | None = None, group: str | None = None,
+                tags: Sequence[str] | None = None) -> MultiLogger:
     """The JSON-lines logger plus the configured ones (a name or a list: "wandb", "tensorboard", "none")."""
     kinds = [kind] if isinstance(kind, str) else list(kind)
     loggers: list[MetricLogger] = [JsonlLogger(out_dir / "metrics.jsonl", append=append)]
@@ -104,7 +107,7 @@ def make_logger(kind: str | Sequence[str], out_dir: Path, *, project: str = "xrl
             raise ConfigError(f"unknown logger {k!r}; choose from: {', '.join(LOGGERS)}")
         if k == "wandb":
             loggers.append(WandbLogger(out_dir, project=project, mode=mode, name=name, config=config or {},
-                                       resume_id=wandb_id))
+                                       resume_id=wandb_id, group=group, tags=tags))
         elif k == "tensorboard":
             loggers.append(TensorBoardLogger(out_dir))
     return MultiLogger(loggers)
