@@ -131,6 +131,10 @@ def _eval_metrics(records: Sequence[EpisodeRecord], train_graphs: Sequence[str])
 def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     """Train a policy as `cfg` says (see conf/train.yaml), writing checkpoints and logs under `out_dir`."""
     c = json.loads(json.dumps(_plain(cfg), default=str))  # plain values only: checkpoints load weights_only
+    if (c.get("env") or {}).get("name") == "pass_ordering":  # xrl/PassOrdering-v0: an MLP policy, its own loop
+        from xrl.rl.train_passes import train_passes
+
+        return train_passes(c, out_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed = _typed("seed", c.get("seed", 0), 0)
@@ -176,7 +180,7 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     log_cfg = c.get("logger", {}) or {}
     logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
                          mode=log_cfg.get("mode", "offline"), name=log_cfg.get("name"), config=c,
-                         append=bool(resume), wandb_id=wandb_id)
+                         append=bool(resume), wandb_id=wandb_id, group=log_cfg.get("group"), tags=log_cfg.get("tags"))
     run_id = next((lg.run_id for lg in logger.loggers if hasattr(lg, "run_id")), None)
 
     eval_every = _typed("eval_every", c.get("eval_every", 0), 0)
