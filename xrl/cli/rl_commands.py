@@ -38,12 +38,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="run a policy on graphs: speedup, steps and time per graph (held-out apart)")
-    p.add_argument("--policy", help="policy checkpoint (default: the shipped policy)")
+    p.add_argument("--env", choices=("rewrite", "pass_ordering"), default="rewrite",
+                   help="rewrite: a rewrite policy (X-RLflow); pass_ordering: a pass-ordering policy against xrl's "
+                   "default pass order, on the built-in graphs and the HLO fixtures (default rewrite)")
+    p.add_argument("--policy", help="policy checkpoint (default: the shipped policy; with --env pass_ordering, "
+                   "the one-step lookahead agent)")
     p.add_argument("--graphs", help="comma-separated built-in graph names (default: every built-in graph)")
     p.add_argument("--suite", choices=("xrlflow", "taso", "small"), help="only this suite's graphs")
     p.add_argument("--cost", default="analytic", help="cost backend (default analytic)")
     p.add_argument("--device", default="h100", help="device profile of the analytic model (default h100)")
-    p.add_argument("--horizon", type=int, default=50, help="rewrites per rollout at most (default 50)")
+    p.add_argument("--horizon", type=int,
+                   help="rewrites per rollout at most (default 50); pass ordering: passes (default: the policy's)")
     p.add_argument("--samples", type=int, default=0, help="sampled rollouts besides the greedy one (best kept)")
     p.add_argument("--max-candidates", type=int,
                    help="cap on candidates per step (default: the policy's training cap; 0: no cap)")
@@ -67,18 +72,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     errors: list[XrlError] = []
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-    def app(cfg: Any) -> None:
+    def app(cfg: Any) -> float | None:
         try:
-            _train_job(cfg)
+            return _train_job(cfg)  # the objective of a sweeper (Optuna): the final eval speed-up
         except XrlError as e:  # Hydra would print its own traceback and exit 1: keep xrl's one-line contract
             errors.append(e)
-            if not args.multirun:
-                return
-            sys.stderr.write(f"xrl: error in this run: {e}\n")
+            if args.multirun:
+                sys.stderr.write(f"xrl: error in this run: {e}\n")
+            return None
 
     argv = ["xrl train"]
     if args.multirun:
-        argv.append("--multirun")
+        # the sweep summary is written by a Hydra callback, in the process that launched the sweep, whatever
+        # the launcher (joblib, submitit) and sweeper (Optuna)
+        argv += ["--multirun", f"+hydra.callbacks.xrl_sweep_summary._target_={__name__}.sweep_summary_callback"]
     if args.cfg:
         argv += ["--cfg", args.cfg]
     if args.resolve:
@@ -111,20 +118,65 @@ def _check_overrides(overrides: list[str]) -> None:
         raise ConfigError(f"bad training override: {first} (see `xrl train --cfg job` for the settings)") from None
 
 
-def _train_job(cfg: Any) -> None:
+def _train_job(cfg: Any) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     from xrl.rl.train import train
 
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    _sweep_wandb(cfg, hc)
+    out_dir = Path(hc.runtime.output_dir)
     s = train(cfg, out_dir)
     last = s.history[-1] if s.history else {}
+    what = "vs the default pass order" if cfg.get("env", {}).get("name") == "pass_ordering" else "speedup"
     print(f"trained {s.updates} updates, {s.env_steps} env steps in {s.time_s:.1f} s; "
-          f"sampled speedup {last.get('speedup_mean', float('nan')):.3f}x, "
+          f"sampled {what} {last.get('speedup_mean', float('nan')):.3f}x, "
           f"greedy eval {last.get('eval_speedup_mean', float('nan')):.3f}x (train graphs)")
     print(f"checkpoint {s.last_checkpoint}" + (f", best {s.best_checkpoint}" if s.best_checkpoint else ""))
     if s.curves:
         print(f"learning curves {s.curves}")
+    return float(last.get("eval_speedup_mean", float("nan")))
+
+
+def _sweep_wandb(cfg: Any, hc: Any) -> None:
+    """In a multirun, wandb runs share the sweep's folder as their group and carry their overrides as
+    tags, unless logger.group / logger.tags are set."""
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    log = cfg.get("logger")
+    if hc.mode != RunMode.MULTIRUN or log is None or "group" not in log:
+        return
+    with open_dict(cfg):
+        if log.group is None:
+            log.group = str(hc.sweep.dir)[-128:]  # wandb's limit on a group's name
+        if log.tags is None:
+            log.tags = [o for o in hc.overrides.task if not o.startswith(("hydra.", "hydra/", "+hydra"))]
+
+
+def sweep_summary_callback() -> Any:
+    """The Hydra callback `xrl train -m` adds: at the end of the multirun, `xrl sweep summarize` on its
+    folder (table printed; summary.md, .csv, .png written there). A factory, so that hydra is imported
+    only when a sweep runs, not by every `xrl` command."""
+    from hydra.experimental.callback import Callback
+
+    class SweepSummary(Callback):
+        def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+            from xrl.sweeps import load_runs, summarize, write_summary
+
+            root = Path(str(config.hydra.sweep.dir))
+            try:
+                runs = load_runs(root)
+            except ConfigError as e:  # every run failed before its first update
+                sys.stderr.write(f"xrl: no sweep summary: {e}\n")
+                return
+            paths = write_summary(root, runs)
+            headers, rows = summarize(runs)
+            print(f"\nsweep summary: {len(runs)} runs under {root}")
+            print(format_table(headers, rows))
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+    return SweepSummary()
 
 
 # ----- eval ---------------------------------------------------------------------------------------
@@ -149,6 +201,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from xrl.rl.evaluate import optimize_with_policy, random_rollouts
     from xrl.search.rl_search import candidate_cap
 
+    if args.env == "pass_ordering":
+        return _eval_passes(args)
+    args.horizon = 50 if args.horizon is None else args.horizon
     if args.horizon < 1 or args.samples < 0 or args.random_rollouts < 1:
         raise ConfigError("--horizon and --random-rollouts must be at least 1, --samples at least 0")
     path = Path(args.policy) if args.policy else default_policy_path()
@@ -185,6 +240,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print("\r", end="", file=sys.stderr)
     text = format_eval_tables(rows, baselines=args.baselines, title=f"policy {path.name}, {cost.describe()}, "
                               f"horizon {args.horizon}, at most {cap or 'all'} candidates per step")
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+def _eval_passes(args: argparse.Namespace) -> int:
+    """A pass-ordering policy (or the lookahead agent) against the default order, per graph: the built-in
+    graphs (--graphs/--suite) and, unless --graphs names them, the HLO fixtures."""
+    from xrl.rl.train_passes import evaluate_passes, format_passes_table, suite_graphs
+
+    graphs = suite_graphs(_graph_names(args), hlo=not args.graphs)
+    report = evaluate_passes(args.policy, graphs, horizon=args.horizon, device=args.device)
+    if args.json:
+        print_json(report)
+        return 0
+    text = format_passes_table(report)
     print(text)
     if args.output:
         Path(args.output).write_text(text + "\n")
