@@ -1,0 +1,401 @@
+"""`xrl train env=pass_ordering`: PPO on xrl/PassOrdering-v0 (which compiler pass next), and its evaluation.
+
+The observation is a fixed-length vector (op-type counts, episode progress, which passes are idle), so
+the policy is a small MLP actor-critic (`PassPolicy`), trained by xrl's own clipped PPO
+(`xrl.rl.ppo.ppo_update`, the update the graph policy uses): a `PassObs` collates into tensors and the
+policy returns (masked categorical, value), which is all `ppo_update` asks of a policy. Keeping xrl's
+PPO rather than sb3-contrib's MaskablePPO means `xrl train` needs no optional dependency and writes
+what every xrl training writes (metrics.jsonl, learning curves, last.pt / best.pt, exact resume).
+
+    for update in range(updates):
+        episodes_per_worker * max(workers, 1) whole episodes, in this process (passes are memoised
+        per (graph, pass), so after the first visits an episode costs almost nothing)
+        ppo_update(...)
+        every eval_every updates: the greedy (argmax) order on every train and held-out graph
+
+Metrics: `speedup/<graph>` and `eval_speedup/<graph>` are the improvement over xrl's default pass
+order in op count (ops after the default order / ops after the agent's; > 1: the agent's order removes
+more), so `xrl sweep summarize` and the sweep objective read them like the rewrite training's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from xrl.env.pass_order import PASSES, PassOrderingEnv, default_order, run_order
+from xrl.errors import ConfigError
+from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state
+from xrl.rl.loggers import make_logger, plot_learning_curves
+from xrl.rl.ppo import PPOConfig, RolloutBatch, ppo_update
+from xrl.rl.rollout import EpisodeRecord
+from xrl.rl.train import TrainSummary, _episode_metrics, _eval_metrics, _take, _typed
+
+FORMAT = "xrl-pass-policy/1"
+ENV_DEFAULTS: dict[str, Any] = {"name": "pass_ordering", "horizon": len(PASSES), "reward": "ops", "shaping": "none",
+                                "gamma": 0.99, "max_rewrites": None, "hidden": 64, "layers": 2}
+_MASKED = -1e8  # logit of a masked pass (not -inf: the entropy of a masked categorical stays finite)
+
+
+# ----- policy --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassPolicyConfig:
+    obs_dim: int
+    num_actions: int
+    hidden: int = 64
+    layers: int = 2
+    passes: tuple[str, ...] = PASSES  # what the action indices mean; a checkpoint is refused if xrl's differ
+
+
+def features(obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The MLP's input: log op counts (graphs differ by 100x in size), progress, idle flags."""
+    return np.concatenate([np.log1p(np.asarray(obs["op_counts"], np.float32)), np.asarray(obs["progress"], np.float32),
+                           np.asarray(obs["idle"], np.float32)]).astype(np.float32)
+
+
+@dataclass
+class PassObs:
+    """One state as PPO stores it; `collate` is what `ppo_update` calls on a minibatch."""
+
+    x: np.ndarray
+    mask: np.ndarray
+
+    @staticmethod
+    def collate(items: Sequence[PassObs]) -> tuple[Tensor, Tensor]:
+        return (torch.as_tensor(np.stack([o.x for o in items])),
+                torch.as_tensor(np.stack([o.mask for o in items]), dtype=torch.bool))
+
+
+class PassPolicy(nn.Module):
+    """MLP trunk, a logit per pass (masked), a value."""
+
+    def __init__(self, cfg: PassPolicyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        layers: list[nn.Module] = []
+        width = cfg.obs_dim
+        for _ in range(cfg.layers):
+            layers += [nn.Linear(width, cfg.hidden), nn.Tanh()]
+            width = cfg.hidden
+        self.trunk = nn.Sequential(*layers)
+        self.pi = nn.Linear(width, cfg.num_actions)
+        self.v = nn.Linear(width, 1)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> tuple[torch.distributions.Categorical, Tensor]:
+        x, mask = batch
+        h = self.trunk(x)
+        logits = self.pi(h).masked_fill(~mask, _MASKED)
+        return torch.distributions.Categorical(logits=logits), self.v(h).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: PassObs, greedy: bool) -> tuple[int, float, float]:
+        """(action, its log-prob, value) for one state; greedy: the most likely pass, else a sample."""
+        dist, value = self(PassObs.collate([obs]))
+        action = dist.probs.argmax(-1) if greedy else dist.sample()
+        return int(action), float(dist.log_prob(action)), float(value)
+
+    def chooser(self):  # noqa: ANN201 - an xrl.env.pass_order.Policy
+        """The greedy policy as `evaluate_orders` / `run_order` call it."""
+        self.eval()
+        return lambda env, obs: self.act(PassObs(features(obs), env.action_masks()), greedy=True)[0]
+
+
+# ----- checkpoints ---------------------------------------------------------------------------------
+def save_pass_checkpoint(path: Path, policy: PassPolicy, **entries: Any) -> Path:
+    cfg = asdict(policy.cfg)
+    cfg["passes"] = list(cfg["passes"])
+    return atomic_torch_save({"format": FORMAT, "policy_config": cfg,
+                              "model": {k: v.detach().cpu() for k, v in policy.state_dict().items()}, **entries}, path)
+
+
+def load_pass_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such pass-ordering checkpoint "
+                              "(train one with `xrl train env=pass_ordering`)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else None
+        raise CheckpointError(f"{path} is not a pass-ordering policy (format {found!r}, expected {FORMAT}); "
+                              "a rewrite policy is evaluated by `xrl eval` without --env pass_ordering")
+    return ckpt
+
+
+def load_pass_policy(path: str | Path) -> tuple[PassPolicy, dict[str, Any]]:
+    ckpt = load_pass_checkpoint(path)
+    try:
+        cfg = PassPolicyConfig(**{**ckpt["policy_config"], "passes": tuple(ckpt["policy_config"]["passes"])})
+        policy = PassPolicy(cfg)
+        policy.load_state_dict(ckpt["model"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: the stored policy does not fit this version of xrl ({e})") from None
+    if cfg.passes != PASSES or cfg.obs_dim != _obs_dim():
+        raise CheckpointError(f"{path} was trained on other passes or op types than this xrl has; retrain it")
+    policy.eval()
+    return policy, ckpt
+
+
+def _obs_dim() -> int:
+    from xrl.env.pass_order import _op_vocab
+
+    return len(_op_vocab()) + 1 + len(PASSES)
+
+
+# ----- configuration -------------------------------------------------------------------------------
+def pass_env_settings(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The `env` section (conf/env/pass_ordering.yaml), type-checked, with its defaults."""
+    unknown = sorted(set(env) - set(ENV_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"env (pass_ordering) has no setting {', '.join(map(repr, unknown))}; "
+                          f"its settings: {', '.join(ENV_DEFAULTS)}")
+    s = {k: _typed(f"env.{k}", env.get(k, d), d) for k, d in ENV_DEFAULTS.items()}
+    if s["hidden"] < 1 or s["layers"] < 0:
+        raise ConfigError("env.hidden must be at least 1 and env.layers at least 0")
+    return s
+
+
+def env_kwargs_of(settings: Mapping[str, Any], device: str = "h100") -> dict[str, Any]:
+    """PassOrderingEnv keyword arguments from the settings (the MLP's size is not the env's)."""
+    return {"horizon": settings["horizon"], "reward": settings["reward"], "shaping": settings["shaping"],
+            "gamma": settings["gamma"], "max_rewrites": settings["max_rewrites"], "device": device}
+
+
+# ----- playing -------------------------------------------------------------------------------------
+class Episodes:
+    """One env for training and evaluation, so the memo of pass results is shared by both."""
+
+    def __init__(self, env: PassOrderingEnv) -> None:
+        self.env = env
+        self._graphs: dict[str, Any] = {}
+        self._default_ops: dict[str, int] = {}
+
+    def graph(self, name: str) -> Any:
+        from xrl.env.graph_rewrite import resolve_graph
+
+        if name not in self._graphs:
+            self._graphs[name] = resolve_graph(name)
+        return self._graphs[name]
+
+    def default_ops(self, name: str) -> int:
+        """Op count after xrl's default order (cycled to the horizon, as evaluate_orders plays it)."""
+        if name not in self._default_ops:
+            order = default_order()
+            self._default_ops[name] = len(run_order(self.env, self.graph(name),
+                                                    lambda e, o: order[e.step_count % len(order)]))
+        return self._default_ops[name]
+
+    def play(self, policy: PassPolicy, *, graph: str | None = None, greedy: bool = False
+             ) -> tuple[EpisodeRecord, list[PassObs], list[int], list[float], list[float], list[float]]:
+        """One episode: on `graph`, or on one the env draws from its pool (its seeded RNG)."""
+        env = self.env
+        obs, _ = env.reset(options={"graph": self.graph(graph)} if graph else None)
+        name = env.graph.name
+        states, actions, logps, values, rewards = [], [], [], [], []
+        least, done = len(env.graph), False
+        while not done:
+            o = PassObs(features(obs), env.action_masks())
+            a, lp, v = policy.act(o, greedy)
+            obs, r, terminated, truncated, _ = env.step(a)
+            states.append(o)
+            actions.append(a)
+            logps.append(lp)
+            values.append(v)
+            rewards.append(r)
+            least = min(least, len(env.graph))
+            done = terminated or truncated
+        d = self.default_ops(name)
+        rec = EpisodeRecord(name, float(sum(rewards)), len(actions), d / max(len(env.graph), 1), d / max(least, 1),
+                            list(env.passes))
+        return rec, states, actions, logps, values, rewards
+
+
+# ----- training ------------------------------------------------------------------------------------
+def train_passes(c: dict[str, Any], out_dir: str | Path) -> TrainSummary:
+    """Train a pass-ordering policy as the plain config `c` says (conf/train.yaml with env=pass_ordering)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = _typed("seed", c.get("seed", 0), 0)
+    updates = _typed("updates", c["updates"], 0)
+    ppo = _take(PPOConfig, c["algo"], "algo", ignore=("name",))
+    settings = pass_env_settings(c.get("env", {}))
+    train_graphs = tuple(c["graphs"]["train"])
+    eval_graphs = tuple(c["graphs"].get("eval") or ())
+    if not train_graphs:
+        raise ConfigError("graphs.train is empty: name at least one built-in graph to train on")
+    episodes = _typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0) * max(
+        _typed("workers", c.get("workers", 2), 0), 1)
+    if episodes < 1:
+        raise ConfigError("episodes_per_worker must be at least 1")
+    device = (c.get("cost") or {}).get("device", "h100")
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    ppo_rng = np.random.default_rng(seed)
+    play = Episodes(PassOrderingEnv(list(train_graphs), **env_kwargs_of(settings, device)))
+    play.env.reset(seed=seed)  # seeds the env's draw of a training graph per episode
+    policy = PassPolicy(PassPolicyConfig(_obs_dim(), len(PASSES), settings["hidden"], settings["layers"]))
+    optimizer = torch.optim.Adam(policy.parameters(), lr=ppo.lr, eps=1e-5)
+    start, env_steps, history, wandb_id, best_score = 0, 0, [], None, -math.inf
+    if c.get("resume"):
+        ckpt = load_pass_checkpoint(c["resume"])
+        if "optimizer" not in ckpt:
+            raise CheckpointError(f"{c['resume']} holds a policy only; it cannot be resumed")
+        if (ckpt["policy_config"]["hidden"], ckpt["policy_config"]["layers"]) != (settings["hidden"],
+                                                                                  settings["layers"]):
+            raise ConfigError(f"{c['resume']} was trained with another env.hidden/env.layers; resume with the same")
+        policy.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        restore_rng(ckpt["rng"], ppo_rng)
+        play.env.np_random.bit_generator.state = ckpt["rng"]["env"]
+        start, env_steps = int(ckpt["update"]), int(ckpt["env_steps"])
+        history = list(ckpt.get("history", []))
+        wandb_id = ckpt.get("metadata", {}).get("wandb_id")
+        best_score = float(ckpt.get("metadata", {}).get("best_score", -math.inf))
+    if start >= updates:
+        raise ConfigError(f"the run already has {start} updates; raise `updates` above {start} to train further")
+
+    log_cfg = c.get("logger", {}) or {}
+    logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
+                         mode=log_cfg.get("mode", "offline"), name=log_cfg.get("name"), config=c,
+                         append=bool(c.get("resume")), wandb_id=wandb_id, group=log_cfg.get("group"),
+                         tags=log_cfg.get("tags"))
+    run_id = next((lg.run_id for lg in logger.loggers if hasattr(lg, "run_id")), None)
+    eval_every = _typed("eval_every", c.get("eval_every", 0), 0)
+    ckpt_every = _typed("checkpoint_every", c.get("checkpoint_every", 0), 0)
+    last_path, best_path = out / "last.pt", None
+    t_start = time.perf_counter()
+
+    def checkpoint(path: Path, update: int) -> Path:
+        rng = {**rng_state(ppo_rng), "env": play.env.np_random.bit_generator.state}
+        return save_pass_checkpoint(path, policy, optimizer=optimizer.state_dict(), update=update,
+                                    env_steps=env_steps, rng=rng, config=c, history=history,
+                                    metadata={"wandb_id": run_id, "best_score": best_score,
+                                              "train_graphs": list(train_graphs), "eval_graphs": list(eval_graphs)})
+
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, updates), initial=start, total=updates, desc="train passes", unit="update",
+               disable=not c.get("progress", True), dynamic_ncols=True)
+    try:
+        for update in bar:
+            if ppo.anneal_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = ppo.lr * (1.0 - update / updates)
+            t0 = time.perf_counter()
+            policy.eval()
+            records, obs, acts, logps, vals, rews, dones = [], [], [], [], [], [], []
+            for _ in range(episodes):
+                rec, o, a, lp, v, r = play.play(policy)
+                records.append(rec)
+                obs += o
+                acts += a
+                logps += lp
+                vals += v
+                rews += r
+                dones += [0.0] * (len(a) - 1) + [1.0]
+            collect_s = time.perf_counter() - t0
+            batch = RolloutBatch(obs, torch.tensor(acts), torch.tensor(logps), torch.tensor(vals), torch.tensor(rews),
+                                 torch.tensor(dones))
+            t_upd = time.perf_counter()
+            stats = ppo_update(policy, optimizer, batch, ppo, ppo_rng)  # type: ignore[arg-type]
+            env_steps += len(batch)
+            metrics = {**_episode_metrics(records), **stats, "env_steps": float(env_steps), "states": float(len(batch)),
+                       "steps_per_s": len(batch) / max(collect_s, 1e-9), "collect_s": collect_s,
+                       "update_s": time.perf_counter() - t_upd, "lr": optimizer.param_groups[0]["lr"]}
+            done = update + 1
+            evaluated = (eval_every and done % eval_every == 0) or done == updates
+            if evaluated:
+                policy.eval()
+                evals = [play.play(policy, graph=g, greedy=True)[0] for g in dict.fromkeys(train_graphs + eval_graphs)]
+                metrics.update(_eval_metrics(evals, train_graphs))
+            metrics["time_s"] = time.perf_counter() - t_start
+            history.append({"update": done, **metrics})
+            logger.log(metrics, done)
+            if evaluated and metrics["eval_speedup_mean"] >= best_score:  # ties: the later, longer-trained policy
+                best_score = metrics["eval_speedup_mean"]
+                best_path = checkpoint(out / "best.pt", done)
+            bar.set_postfix(vs_default=f"{metrics['speedup_mean']:.3f}", ret=f"{metrics['episode_return']:.2f}")
+            if (ckpt_every and done % ckpt_every == 0) or done == updates:
+                checkpoint(last_path, done)
+    finally:
+        logger.close()
+        bar.close()
+    curves = plot_learning_curves(history, out / "learning_curves.png")
+    if best_path is None and (out / "best.pt").exists():
+        best_path = out / "best.pt"
+    return TrainSummary(out, updates, env_steps, time.perf_counter() - t_start, last_path, best_path, history, curves)
+
+
+# ----- evaluation (xrl eval --env pass_ordering) ---------------------------------------------------
+def suite_graphs(names: Sequence[str], hlo: bool) -> list[tuple[str, Any]]:
+    """(label, Graph) for built-in graph names and, with `hlo`, the HLO fixtures shipped with xrl (hlo/NAME)."""
+    from importlib import resources
+
+    from xrl.env.graph_rewrite import resolve_graph
+    from xrl.frontends.loader import load_model
+
+    out = [(n, resolve_graph(n)) for n in names]
+    if hlo:
+        hlo_dir = resources.files("xrl.graphs") / "hlo"
+        for p in sorted(hlo_dir.iterdir(), key=lambda p: p.name):
+            if p.name.endswith(".hlo"):
+                out.append((f"hlo/{p.name[:-4]}", load_model(str(p)).graph))
+    return out
+
+
+def evaluate_passes(policy_path: str | None, graphs: Sequence[tuple[str, Any]], *, horizon: int | None = None,
+                    device: str = "h100") -> dict[str, Any]:
+    """Per graph: op counts at the start, after the default order and after the agent's order, the
+    improvements (start / after) of both, the ratio (default / agent), and the ratio's geomean.
+    Without a policy the agent is the one-step lookahead (`greedy_policy`)."""
+    from xrl.env.pass_order import evaluate_orders, geomean, greedy_policy
+
+    kwargs: dict[str, Any] = {"device": device}
+    if policy_path:
+        policy, ckpt = load_pass_policy(policy_path)
+        settings = pass_env_settings(ckpt.get("config", {}).get("env", {}))
+        kwargs = env_kwargs_of(settings, device)
+        choose, agent = policy.chooser(), str(policy_path)
+        trained_on = set(ckpt.get("metadata", {}).get("train_graphs", []))
+    else:
+        choose, agent, trained_on = greedy_policy, "greedy (one-step lookahead)", set()
+    if horizon is not None:
+        if horizon < 1:
+            raise ConfigError(f"--horizon must be at least 1, not {horizon}")
+        kwargs["horizon"] = horizon
+    results = evaluate_orders([g for _, g in graphs], choose, **kwargs)
+    rows = [{"graph": label, "split": "hlo" if label.startswith("hlo/") else
+             ("train" if label in trained_on else "held-out"),
+             "ops": r.ops0, "default_ops": r.default_ops, "agent_ops": r.ops,
+             "default_improvement": r.ops0 / max(r.default_ops, 1), "agent_improvement": r.ops0 / max(r.ops, 1),
+             "ratio": r.improvement, "passes": list(r.passes)} for (label, _), r in zip(graphs, results)]
+    return {"agent": agent, "horizon": kwargs.get("horizon", len(PASSES)), "graphs": rows,
+            "geomean_ratio": geomean([r["ratio"] for r in rows]),
+            "geomean_default_improvement": geomean([r["default_improvement"] for r in rows]),
+            "geomean_agent_improvement": geomean([r["agent_improvement"] for r in rows])}
+
+
+def format_passes_table(report: Mapping[str, Any]) -> str:
+    from xrl.cli.output import format_table
+
+    rows = [[r["graph"], r["split"], r["ops"], r["default_ops"], r["agent_ops"], f"{r['default_improvement']:.3f}x",
+             f"{r['agent_improvement']:.3f}x", f"{r['ratio']:.3f}", " ".join(r["passes"])] for r in report["graphs"]]
+    rows.append(["geomean", "", "", "", "", f"{report['geomean_default_improvement']:.3f}x",
+                 f"{report['geomean_agent_improvement']:.3f}x", f"{report['geomean_ratio']:.3f}", ""])
+    head = ["graph", "split", "ops", "default ops", "agent ops", "default", "agent", "agent vs default",
+            "agent's passes"]
+    return (f"pass ordering, agent {report['agent']}, {report['horizon']} passes per graph; improvement = ops before / "
+            f"ops after, ratio = default ops / agent ops\n" + format_table(head, rows))
