@@ -21,10 +21,13 @@ ops without one.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
+
+if TYPE_CHECKING:  # imported where used: release-mode policies featurise without torch_geometric
+    from torch_geometric.data import Data
 
 from xrl.errors import InvalidGraphError
 from xrl.ir import Graph, Node, TensorType
@@ -170,6 +173,15 @@ def _type_features(t: TensorType) -> list[float]:
 
 def featurize(graph: Graph) -> Data:
     """The graph's feature tensors (see the module docstring for the layout)."""
+    from torch_geometric.data import Data
+
+    x, edge_index, edge_attr, u = feature_arrays(graph)
+    return Data(x=torch.from_numpy(x), edge_index=torch.from_numpy(edge_index),
+                edge_attr=torch.from_numpy(edge_attr), u=torch.from_numpy(u), num_nodes=x.shape[0])
+
+
+def feature_arrays(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`featurize` as numpy arrays (x, edge_index, edge_attr, u), for runners without torch_geometric."""
     types = graph.types
     weights = graph.initializers
     order = graph.topological_order
@@ -238,5 +250,4 @@ def featurize(graph: Graph) -> Data:
 
     u = np.array([[_log_scale(total_flops, _TOTAL_FLOPS_REF), _log_scale(total_bytes, _TOTAL_BYTES_REF),
                    _log_scale(n, _COUNT_REF), _log_scale(e, _COUNT_REF)]], dtype=np.float32)
-    return Data(x=torch.from_numpy(x), edge_index=torch.from_numpy(edge_index),
-                edge_attr=torch.from_numpy(edge_attr), u=torch.from_numpy(u), num_nodes=n)
+    return x, edge_index, edge_attr, u

@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Batch, Data
 
 from xrl.ir import Graph
+
+if TYPE_CHECKING:  # imported where used: the env (and release-mode policies) run without torch_geometric
+    from torch_geometric.data import Batch, Data
 
 CAND_DIM = 3  # per-candidate hints the env supplies: relative change of cost, op count, FLOPs (0 for the no-op)
 STATE_DIM = 2  # per-state scalars the env supplies: fraction of the horizon left, cost / original cost
@@ -79,6 +82,8 @@ class MetaGraph:
             node_off += g.num_nodes
             graph_off += g.num_graphs
             state_off += m.num_states
+        from torch_geometric.data import Batch
+
         batch = torch.cat(batches)
         counts = torch.bincount(batch, minlength=graph_off)
         ptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
@@ -94,6 +99,8 @@ def build_metagraph(current: Data, candidates: Sequence[Data], cand_attr: Tensor
 
     `cand_attr` [len(candidates) + 1, CAND_DIM] and `state_attr` [STATE_DIM] default to zeros.
     """
+    from torch_geometric.data import Batch
+
     graphs = Batch.from_data_list([current, *candidates])
     n = len(candidates) + 1
     if cand_attr is None:
