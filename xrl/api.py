@@ -177,12 +177,20 @@ def _lazy(module: str, function: str) -> Callable[..., SearchOutcome]:
     return runner
 
 
+def _rl(*args: Any, **options: Any) -> SearchOutcome:
+    """A checkpoint goes to xrl.search.rl_search; an exported .onnx policy to its release runner, which
+    needs neither torch_geometric nor xrl's training code (xrl.policies.release)."""
+    release = str(options.get("policy") or "").endswith(".onnx")
+    return _lazy("xrl.policies.release" if release else "xrl.search.rl_search",
+                 "run_release" if release else "run_rl")(*args, **options)
+
+
 _SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {
     "greedy": _greedy,
     "random": _random,
     "taso": _lazy("xrl.search.taso", "taso_runner"),
     "tensat": _lazy("xrl.search.tensat", "tensat_runner"),
-    "rl": _lazy("xrl.search.rl_search", "run_rl"),
+    "rl": _rl,
     "beam": _lazy("xrl.search.beam", "beam_runner"),
     "exhaustive": _lazy("xrl.search.beam", "exhaustive_runner"),
 }
