@@ -3,7 +3,8 @@
 Each built-in graph is a builder that returns a valid float32 ONNX model (opset 17) with seeded
 weights: `build("bert", batch=1, seed=0)`. The same name, batch and seed always give a
 byte-identical model. Suites: "xrlflow" (X-RLflow's evaluation graphs), "taso" (the extra TASO and
-Tensat benchmarks) and "small" (tiny graphs for fast tests and demos).
+Tensat benchmarks), "small" (tiny graphs for fast tests and demos) and "headroom" (graphs where the
+best rewrite sequence starts with steps greedy search does not take: `graphs/headroom.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import onnx
 
 from xrl.errors import ConfigError, UnknownGraphError
 
-from . import cnns, rnns, small, transformers
+from . import cnns, headroom, rnns, small, transformers
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,11 @@ class BuiltinGraph:
     name: str
     family: str  # "transformer" | "cnn" | "rnn" | "small"
     description: str
-    suite: str  # "xrlflow" | "taso" | "small"
+    suite: str  # "xrlflow" | "taso" | "small" | "headroom"
     build: Callable[..., onnx.ModelProto]  # build(batch: int = 1, seed: int = 0)
 
 
-SUITES = ("xrlflow", "taso", "small")
+SUITES = ("xrlflow", "taso", "small", "headroom")
 
 _GRAPHS = [
     BuiltinGraph("bert", "transformer", transformers.BERT_DOC, "xrlflow", transformers.bert),
@@ -44,12 +45,21 @@ _GRAPHS = [
     BuiltinGraph("vgg19", "cnn", cnns.VGG19_DOC, "taso", cnns.vgg19),
     BuiltinGraph("mlp", "small", small.MLP_DOC, "small", small.mlp),
     BuiltinGraph("tiny_cnn", "small", small.TINY_CNN_DOC, "small", small.tiny_cnn),
+    BuiltinGraph("lora_mlp", "transformer", headroom.LORA_MLP_DOC, "headroom", headroom.lora_mlp),
+    BuiltinGraph("lora_tiny", "transformer", headroom.LORA_TINY_DOC, "headroom", headroom.lora_tiny),
+    BuiltinGraph("lora_decode", "transformer", headroom.LORA_DECODE_DOC, "headroom", headroom.lora_decode),
+    BuiltinGraph("multi_lora", "transformer", headroom.MULTI_LORA_DOC, "headroom", headroom.multi_lora),
+    BuiltinGraph("lora_attention", "transformer", headroom.LORA_ATTENTION_DOC, "headroom", headroom.lora_attention),
+    BuiltinGraph("lora_attention_all", "transformer", headroom.LORA_ATTENTION_ALL_DOC, "headroom",
+                 headroom.lora_attention_all),
+    BuiltinGraph("fire_small", "cnn", headroom.FIRE_SMALL_DOC, "headroom", headroom.fire_small),
+    BuiltinGraph("inception_a_small", "cnn", headroom.INCEPTION_A_SMALL_DOC, "headroom", headroom.inception_a_small),
 ]
 BUILTIN_GRAPHS: dict[str, BuiltinGraph] = {g.name: g for g in _GRAPHS}
 
 
 def names(suite: str | None = None) -> list[str]:
-    """Built-in graph names, in registry order (X-RLflow suite, TASO extras, small), optionally of one suite."""
+    """Built-in graph names in registry order (xrlflow, taso, small, headroom), optionally of one suite."""
     if suite is not None and suite not in SUITES:
         raise UnknownGraphError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
     return [g.name for g in _GRAPHS if suite is None or g.suite == suite]
