@@ -27,7 +27,7 @@ from typing import Any
 from xrl.errors import ConfigError, XrlError
 
 METHODS = ("rl", "taso", "tensat", "greedy", "random", "beam", "exhaustive")
-SUITES = ("xrlflow", "taso", "small", "all")
+SUITES = ("xrlflow", "taso", "small", "headroom", "all")
 
 # A method's module that must import for the method to count as available (the RL policy search is
 # built separately; until it exists, compare reports it as unavailable rather than failed).
@@ -75,7 +75,7 @@ class CompareConfig:
 
 
 def resolve_graphs(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """Graph names from a suite name ("xrlflow", "taso", "small", "all") or a comma list of names."""
+    """Graph names from a suite name ("xrlflow", "taso", "small", "headroom", "all") or a comma list of names."""
     from xrl import graphs
 
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
