@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     gsub = g.add_subparsers(dest="graphs_command", metavar="{list,export}", parser_class=type(g))
     gsub.required = True
     p = gsub.add_parser("list", help="name, op count, parameters, FLOPs of every built-in graph")
-    p.add_argument("--suite", choices=("xrlflow", "taso", "small"), help="only this suite")
+    p.add_argument("--suite", choices=("xrlflow", "taso", "small", "headroom"), help="only this suite")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_graphs_list)
     p = gsub.add_parser("export", help="write a built-in graph as ONNX")
@@ -83,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the optimised model")
-    p.add_argument("--search", default="greedy", help="none | greedy | random | taso | tensat | rl (default greedy)")
+    p.add_argument("--search", default="greedy",
+                   help="none | greedy | random | taso | tensat | rl | beam | exhaustive (default greedy)")
     p.add_argument("--prepass", default=None, metavar="PASSES",
                    help="clean-up passes run before the search, comma-separated: onnxslim, ort-transformers, or none "
                         "(default: the target's: both for the onnxruntime targets, none for paper)")
@@ -96,6 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "by its value head, within 60 s or --time-limit) or argmax (the policy's own choice each step)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="--search rl --rl-mode argmax: also play K sampled rollouts and keep the best graph")
+    p.add_argument("--beam-width", type=int, metavar="K", help="--search beam: graphs kept per level (default 8)")
+    p.add_argument("--beam-alpha", type=float, metavar="A",
+                   help="--search beam: keep graphs up to A times the best cost so far (default 1.1)")
+    p.add_argument("--max-states", type=int, metavar="N",
+                   help="--search exhaustive: give up after N distinct graphs (default 20000)")
     p.add_argument("--measure", nargs="?", const="auto", choices=("auto", "ort", "torch"), metavar="ENGINE",
                    help="also time the original and the optimised model end to end on this machine (onnxruntime "
                         "or torch; default auto: onnxruntime where it runs on the device) and report the measured "
@@ -246,6 +252,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             options["samples"] = args.samples
         if args.rl_mode:
             options["mode"] = args.rl_mode
+    beam = {"width": args.beam_width, "alpha": args.beam_alpha, "max_states": args.max_states}
+    beam = {k: v for k, v in beam.items() if v is not None}
+    if beam:
+        from xrl.errors import ConfigError
+
+        allowed = {"beam": {"width", "alpha"}, "exhaustive": {"max_states"}}.get(args.search, set())
+        if not set(beam) <= allowed:
+            raise ConfigError("--beam-width and --beam-alpha apply to --search beam, "
+                              "--max-states to --search exhaustive")
+        options.update(beam)
     if args.measure_repeats < 1:
         from xrl.errors import ConfigError
 
