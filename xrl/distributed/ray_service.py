@@ -131,6 +131,14 @@ class MeasurementActor:
         m = self.model
         return {"name": m.name, "per_op": m.per_op, "measured": m.measured, "describe": m.describe()}
 
+    def stats(self) -> dict[str, int]:
+        """What the backend counted (the op backend: timings measured here, timings found in the cache)."""
+        return dict(getattr(self.model, "stats", {}))
+
+    def where(self) -> tuple[int, str]:
+        """(pid, node id)."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
     def op_costs(self, ops: Sequence[Graph]) -> list[float]:
         """Seconds for each one-node graph (`op_graph`): the per-op costs a proxy asked for in one call."""
         return [self.model.op_cost(g.nodes[next(iter(g.nodes))], g) for g in ops]
@@ -150,8 +158,7 @@ def start_measurement_actors(name: str, device: str | None = None, options: Mapp
                              resources: Mapping[str, float] | None = None, cache: Any = None) -> list[Any]:
     """`actors` measurement actors for backend `name`, each holding `num_cpus` CPUs and `num_gpus` GPUs (and
     `resources`: e.g. a custom resource that only the measurement nodes advertise), ready to answer."""
-    cls = ray.remote(MeasurementActor).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
-                                                max_restarts=1, max_task_retries=1)
+    cls = ray.remote(MeasurementActor).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}))
     handles = [cls.remote(name, device, dict(options or {}), cache) for _ in range(actors)]
     ray.get([h.info.remote() for h in handles])  # a bad backend name or option fails here, once
     return handles
