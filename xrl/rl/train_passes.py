@@ -75,26 +75,29 @@ class PassObs:
                 torch.as_tensor(np.stack([o.mask for o in items]), dtype=torch.bool))
 
 
+def _mlp(cfg: PassPolicyConfig, out: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    width = cfg.obs_dim
+    for _ in range(cfg.layers):
+        layers += [nn.Linear(width, cfg.hidden), nn.Tanh()]
+        width = cfg.hidden
+    return nn.Sequential(*layers, nn.Linear(width, out))
+
+
 class PassPolicy(nn.Module):
-    """MLP trunk, a logit per pass (masked), a value."""
+    """Actor (a logit per pass, masked) and critic as two MLPs: rewards are percentages, so the value
+    loss is large, and a shared trunk would let it drown the policy's gradient (CleanRL/sb3 do the same)."""
 
     def __init__(self, cfg: PassPolicyConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        layers: list[nn.Module] = []
-        width = cfg.obs_dim
-        for _ in range(cfg.layers):
-            layers += [nn.Linear(width, cfg.hidden), nn.Tanh()]
-            width = cfg.hidden
-        self.trunk = nn.Sequential(*layers)
-        self.pi = nn.Linear(width, cfg.num_actions)
-        self.v = nn.Linear(width, 1)
+        self.actor = _mlp(cfg, cfg.num_actions)
+        self.critic = _mlp(cfg, 1)
 
     def forward(self, batch: tuple[Tensor, Tensor]) -> tuple[torch.distributions.Categorical, Tensor]:
         x, mask = batch
-        h = self.trunk(x)
-        logits = self.pi(h).masked_fill(~mask, _MASKED)
-        return torch.distributions.Categorical(logits=logits), self.v(h).squeeze(-1)
+        logits = self.actor(x).masked_fill(~mask, _MASKED)
+        return torch.distributions.Categorical(logits=logits), self.critic(x).squeeze(-1)
 
     @torch.no_grad()
     def act(self, obs: PassObs, greedy: bool) -> tuple[int, float, float]:
@@ -215,9 +218,9 @@ class Episodes:
             rewards.append(r)
             least = min(least, len(env.graph))
             done = terminated or truncated
-        d = self.default_ops(name)
-        rec = EpisodeRecord(name, float(sum(rewards)), len(actions), d / max(len(env.graph), 1), d / max(least, 1),
-                            list(env.passes))
+        final, passes = len(env.graph), list(env.passes)
+        d = self.default_ops(name)  # after reading the episode's end: the default order is played on the same env
+        rec = EpisodeRecord(name, float(sum(rewards)), len(actions), d / max(final, 1), d / max(least, 1), passes)
         return rec, states, actions, logps, values, rewards
 
 
