@@ -1,6 +1,9 @@
 """`--search rl`: optimise a graph with a trained policy (the shipped one unless told otherwise).
 
-The policy plays greedily (argmax) from the input graph until it chooses to stop, for at most
+Two modes. `guided` (the default) is the policy-guided search of `xrl.rl.guided`: the argmax
+rollout, then a beam over the policy's prior ranked by its value head, within a budget of
+GUIDED_BUDGET_S seconds (TASO's time in the comparisons) or the time limit if that is shorter.
+`argmax` plays the policy greedily from the input graph until it chooses to stop, for at most
 `steps` rewrites. The default cap is the graph's op count (at least 50, X-RLflow's training horizon):
 a policy trained on 50-step episodes still knows when to stop, and large CNNs need a few hundred
 rewrites (Inception-v3: 220 by greedy search; with a 50-step cap the shipped policy reached 1.14x of
@@ -22,6 +25,8 @@ from xrl.ir import Graph
 from xrl.search.result import SearchResult
 
 MIN_HORIZON = 50
+MODES = ("guided", "argmax")
+GUIDED_BUDGET_S = 60.0
 
 
 def default_horizon(graph: Graph) -> int:
@@ -30,7 +35,8 @@ def default_horizon(graph: Graph) -> int:
 
 def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None = None, steps: int | None = None,
               samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
-              engine: Any = None):
+              engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
+              budget: float | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
     from xrl.rl.checkpoint import default_policy_path, load_policy
     from xrl.rl.evaluate import optimize_with_policy
@@ -39,11 +45,23 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
     if samples < 0:
         raise ConfigError(f"samples must be 0 or more, not {samples}")
+    if mode not in MODES:
+        raise ConfigError(f"unknown rl search mode {mode!r}; choose one of: {', '.join(MODES)}")
+    for name, value in (("width", width), ("expand", expand), ("budget", budget)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"{name} must be positive, not {value}")
     path = Path(policy) if policy is not None else default_policy_path()
     net, ckpt = load_policy(path)
-    return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=steps or default_horizon(graph),
-                                samples=samples, seed=seed, max_candidates=candidate_cap(ckpt, max_candidates),
-                                time_limit=time_limit)
+    horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
+    if mode == "guided":
+        from xrl.rl import guided
+
+        limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
+        return guided.guided_search(net, graph, cost_model, engine=engine, horizon=horizon, max_candidates=cap,
+                                    width=int(width or guided.WIDTH), expand=int(expand or guided.EXPAND),
+                                    time_limit=limit)
+    return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples, seed=seed,
+                                max_candidates=cap, time_limit=time_limit)
 
 
 def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
@@ -57,14 +75,19 @@ def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
 
 def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
            **options: Any) -> SearchResult:
-    """The `xrl.api` search runner: options `policy` (a checkpoint path) and `samples` (extra sampled rollouts)."""
-    unknown = sorted(set(options) - {"policy", "samples", "max_candidates"})
+    """The `xrl.api` search runner: options `policy` (a checkpoint path), `mode` (guided | argmax), `width`,
+    `expand` and `budget` (guided), `samples` (argmax: extra sampled rollouts), `max_candidates`."""
+    known = ("policy", "mode", "width", "expand", "budget", "samples", "max_candidates")
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: policy, samples, "
-                          "max_candidates")
-    run = rl_search(graph, cost, policy=options.get("policy"), steps=steps, samples=int(options.get("samples", 0)),
-                    seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"))
+        raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
+    mode = str(options.get("mode") or ("argmax" if options.get("samples") else "guided"))
+    if options.get("samples") and mode != "argmax":
+        raise ConfigError("samples (extra sampled rollouts) apply to the argmax mode of --search rl")
+    run = rl_search(graph, cost, policy=options.get("policy"), steps=steps, samples=int(options.get("samples") or 0),
+                    seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"), mode=mode,
+                    width=options.get("width"), expand=options.get("expand"), budget=options.get("budget"))
     return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
                         explored=run.env_steps, time_s=run.time_s, method="rl", details={
-                            "policy": str(options.get("policy") or "default"), "rollouts": run.rollouts,
+                            "policy": str(options.get("policy") or "default"), "mode": mode, "rollouts": run.rollouts,
                             "env_steps": run.env_steps, "uphill_paid_off": run.uphill_paid_off})

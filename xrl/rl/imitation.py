@@ -1,0 +1,169 @@
+"""Warm start from search teachers (behaviour cloning), as MLGO warm-started from LLVM's heuristic.
+
+A teacher is any search method of `xrl optimize --search` whose result is a sequence of rewrites
+(greedy, beam, taso; Tensat's extraction is not a sequence and cannot teach). For every training
+graph each teacher runs once; the cheapest trajectory per graph is replayed in the training env,
+which turns it into (state, action) pairs exactly as the policy will see them, the final "stop"
+included. Then, for `epochs` passes over shuffled minibatches:
+
+    L = -mean log pi(a* | s)  +  c_V * mean ((V(s) - G*(s)) / sigma)^2
+
+G*(s) is the teacher's return from s on (the env's reward summed to the end), so the value head
+starts from the returns the teacher reached, not from zero, when PPO takes over. sigma, the spread
+of those returns, keeps the value term (returns are in percent, errors start in the thousands) from
+drowning the imitation term in the shared encoder's gradient.
+
+A teacher step that the env does not offer (a candidate cap that drops it) ends that demonstration
+there: what the policy cannot choose, it cannot imitate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from xrl.cost.base import CostModel
+from xrl.errors import ConfigError
+from xrl.nn.policy import GraphPolicy
+from xrl.rl.rollout import observe
+
+log = logging.getLogger(__name__)
+
+# Methods whose result is a replayable sequence of rewrites.
+TEACHERS = ("greedy", "beam", "taso", "rl")
+
+
+@dataclass(frozen=True)
+class ImitationConfig:
+    teachers: tuple[str, ...] = ()  # empty: no warm start
+    epochs: int = 30
+    lr: float = 1e-3
+    minibatch_size: int = 32
+    vf_coef: float = 0.5
+    time_limit: float = 60.0  # seconds per teacher run
+    teacher_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # e.g. {beam: {width: 16}}
+
+
+@dataclass
+class Demonstration:
+    """One teacher trajectory, replayed: the observations, the teacher's actions and returns-to-go."""
+
+    graph: str
+    teacher: str
+    speedup: float
+    obs: list[Any]
+    actions: list[int]
+    returns: list[float]
+
+
+def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
+                 ) -> dict[str, tuple[str, list[str], float]]:
+    """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found."""
+    from xrl.api import run_search
+
+    unknown = [t for t in cfg.teachers if t not in TEACHERS]
+    if unknown:
+        raise ConfigError(f"imitation teacher(s) {', '.join(map(repr, unknown))} unknown; a teacher must return a "
+                          f"sequence of rewrites: {', '.join(TEACHERS)}")
+    best: dict[str, tuple[str, list[str], float]] = {}
+    for name, graph in graphs.items():
+        c0 = cost.cost(graph)
+        for teacher in cfg.teachers:
+            out = run_search(teacher, graph, cost, seed=seed, steps=None, time_limit=cfg.time_limit,
+                             options=dict(cfg.teacher_options.get(teacher, {})))
+            speedup = c0 / cost.cost(out.graph)
+            log.info("teacher %s on %s: %.3fx in %d rewrites", teacher, name, speedup, len(out.steps))
+            if name not in best or speedup > best[name][2] * (1 + 1e-9):  # ties: the teacher named first
+                best[name] = (teacher, list(out.steps), speedup)
+    return best
+
+
+def replay(env: Any, graph: Any, name: str, teacher: str, steps: Sequence[str], speedup: float,
+           featurize: Any) -> Demonstration:
+    """The teacher's trajectory as the policy sees it; stops early where the env does not offer a step."""
+    env.reset(options={"graph": graph})
+    demo = Demonstration(name, teacher, speedup, [], [], [])
+    rewards: list[float] = []
+    for step in [*steps, None]:  # None: the final stop
+        index = 0 if step is None else next((i + 1 for i, c in enumerate(env.candidates) if c.step == step), None)
+        if index is None:
+            log.info("%s: %s's step %s is not among the %d candidates offered; the demonstration ends there",
+                     name, teacher, step, len(env.candidates))
+            index = 0
+        demo.obs.append(observe(env, featurize))
+        demo.actions.append(index)
+        _, reward, terminated, truncated, _ = env.step(index)
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    demo.returns = list(np.cumsum(rewards[::-1])[::-1])
+    return demo
+
+
+def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationConfig, *, seed: int = 0,
+          progress: bool = False) -> list[dict[str, float]]:
+    """Fit `policy` to the demonstrations; returns per-epoch loss, accuracy (argmax = teacher) and value error."""
+    obs = [o for d in demos for o in d.obs]
+    if not obs:
+        raise ConfigError("no demonstration states to imitate: the teachers found no rewrites on the training graphs")
+    actions = torch.tensor([a for d in demos for a in d.actions], dtype=torch.long)
+    returns = torch.tensor([r for d in demos for r in d.returns], dtype=torch.float32)
+    sigma = max(float(returns.std()) if len(returns) > 1 else 1.0, 1.0)
+    collate = type(obs[0]).collate
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+    policy.train()
+    history = []
+    for epoch in range(cfg.epochs):
+        t0 = time.perf_counter()
+        order = rng.permutation(len(obs))
+        total = correct = sq = 0.0
+        for start in range(0, len(order), cfg.minibatch_size):
+            idx = order[start:start + cfg.minibatch_size].tolist()
+            dist, value = policy(collate([obs[i] for i in idx]))
+            a, g = actions[idx], returns[idx]
+            nll = -dist.log_prob(a).mean()
+            vloss = (((value - g) / sigma) ** 2).mean()
+            loss = nll + cfg.vf_coef * vloss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+            opt.step()
+            total += nll.item() * len(idx)
+            sq += vloss.item() * len(idx)
+            correct += float((dist.mode() == a).sum())
+        row = {"epoch": epoch + 1, "nll": total / len(obs), "accuracy": correct / len(obs),
+               "value_mse": sq / len(obs) * sigma**2, "time_s": time.perf_counter() - t0}
+        history.append(row)
+        if progress:
+            log.info("imitation epoch %d: nll %.3f, accuracy %.3f, value mse %.2f", row["epoch"], row["nll"],
+                     row["accuracy"], row["value_mse"])
+    policy.eval()
+    return history
+
+
+def warm_start(policy: GraphPolicy, graphs: Mapping[str, Any], cost: CostModel, env_kwargs: Mapping[str, Any],
+               cfg: ImitationConfig, *, seed: int = 0) -> dict[str, Any]:
+    """Teachers on `graphs`, their best trajectories replayed and cloned into `policy`; a report of it all."""
+    from xrl.env import GraphRewriteEnv
+
+    t0 = time.perf_counter()
+    runs = teacher_runs(graphs, cost, cfg, seed=seed)
+    env = GraphRewriteEnv(next(iter(graphs.values())), cost, **{"observation": "summary", **dict(env_kwargs)})
+    featurize = policy.features()
+    demos = [replay(env, graphs[name], name, teacher, steps, speedup, featurize)
+             for name, (teacher, steps, speedup) in runs.items()]
+    teach_s = time.perf_counter() - t0
+    history = clone(policy, demos, cfg, seed=seed, progress=True)
+    return {"teachers": {d.graph: {"teacher": d.teacher, "speedup": d.speedup, "states": len(d.obs)} for d in demos},
+            "states": sum(len(d.obs) for d in demos), "teacher_s": teach_s,
+            "clone_s": time.perf_counter() - t0 - teach_s, "history": history}
+
+
+__all__ = ["Demonstration", "ImitationConfig", "TEACHERS", "clone", "replay", "teacher_runs", "warm_start"]
