@@ -41,7 +41,7 @@ def test_every_config_yaml_is_package_data():
     missing = sorted(str(p.relative_to(CONF_DIR)) for p in on_disk - covered)
     assert not missing, f"configs not shipped by [tool.setuptools.package-data] 'xrl.conf': {missing}"
     # every config group train.yaml names is there
-    for group in ("env", "model", "algo", "cost", "graphs", "logger", "hydra/launcher"):
+    for group in ("env", "model", "algo", "cost", "graphs", "logger", "hydra/launcher", "hydra/sweeper"):
         assert any((CONF_DIR / group).glob("*.yaml")), group
 
 
