@@ -98,3 +98,28 @@ def test_rl_mode_options_are_checked(capsys):
     assert_user_error(code, err, "apply to --search rl")
     code, _, err = run(capsys, "optimize", "mlp", "--search", "rl", "--rl-mode", "guided", "--samples", "2")
     assert_user_error(code, err, "argmax mode")
+
+
+def test_train_warm_starts_from_teachers_and_selects_on_validation_graphs(tmp_path, capsys):
+    """`imitation.teachers=[greedy]` clones greedy's trajectories before PPO; with graphs.val, best.pt is chosen on
+    the validation graphs (never on the training graphs) and the held-out graphs are reported apart."""
+    import json
+
+    from xrl.cli import main
+    from xrl.rl.checkpoint import load_checkpoint
+
+    code = main(["train", "graphs.train=[mlp]", "graphs.val=[tiny_cnn]", "graphs.eval=[squeezenet]",
+                 "imitation.teachers=[greedy]", "imitation.epochs=3", "env.horizon=12", "episodes_per_worker=1",
+                 "model.hidden=16", "model.layers=1", "model.heads=2", "algo.minibatch_size=4", "algo.update_epochs=1",
+                 "updates=1", "workers=0", "logger=none", "progress=false", f"hydra.run.dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().out
+    report = json.loads((tmp_path / "imitation.json").read_text())
+    assert report["teachers"]["mlp"]["teacher"] == "greedy" and report["states"] >= 2
+    assert len(report["history"]) == 3
+    last = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert {"eval_speedup_mean", "eval_val_speedup_mean", "eval_heldout_speedup_mean"} <= set(last)
+    meta = load_checkpoint(tmp_path / "best.pt")["metadata"]
+    assert meta["selected_by"] == "eval_val_speedup_mean" and meta["val_graphs"] == ["tiny_cnn"]
+    code = main(["train", "graphs.train=[mlp]", "graphs.val=[mlp]", "updates=1", "logger=none", "progress=false",
+                 f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert code == 2 and "share" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
 from xrl.nn.encoders import EncoderConfig
 from xrl.nn.policy import GraphPolicy, PolicyConfig
 from xrl.rl.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from xrl.rl.imitation import ImitationConfig, warm_start
 from xrl.rl.loggers import make_logger, plot_learning_curves
 from xrl.rl.ppo import PPOConfig, ppo_update
 from xrl.rl.rollout import CollectorSpec, EpisodeRecord, make_collector
@@ -118,14 +119,35 @@ def _episode_metrics(episodes: Sequence[EpisodeRecord]) -> dict[str, float]:
     return m
 
 
-def _eval_metrics(records: Sequence[EpisodeRecord], train_graphs: Sequence[str]) -> dict[str, float]:
+def _eval_metrics(records: Sequence[EpisodeRecord], train_graphs: Sequence[str],
+                  val_graphs: Sequence[str] = ()) -> dict[str, float]:
+    """Greedy-episode speed-ups per graph; geomeans over the training, validation and held-out graphs apart."""
     m = {f"eval_speedup/{r.graph}": r.speedup for r in records}
     train = [r.speedup for r in records if r.graph in train_graphs]
-    held = [r.speedup for r in records if r.graph not in train_graphs]
+    val = [r.speedup for r in records if r.graph in val_graphs]
+    held = [r.speedup for r in records if r.graph not in train_graphs and r.graph not in val_graphs]
     m["eval_speedup_mean"] = _geomean(train)
+    if val:
+        m["eval_val_speedup_mean"] = _geomean(val)
     if held:
         m["eval_heldout_speedup_mean"] = _geomean(held)
     return m
+
+
+def imitation_config(section: Mapping[str, Any]) -> ImitationConfig:
+    """The `imitation` section: teachers (a list of search methods), their options, and scalar settings."""
+    section = dict(section)
+    teachers = section.pop("teachers", None) or ()
+    options = section.pop("teacher_options", None) or {}
+    if isinstance(teachers, str) or not all(isinstance(t, str) for t in teachers):
+        raise ConfigError(f"imitation.teachers must be a list of search methods, not {teachers!r}")
+    return dataclasses.replace(_take(ImitationConfig, section, "imitation"), teachers=tuple(teachers),
+                               teacher_options={k: dict(v) for k, v in dict(options).items()})
+
+
+def _selection_key(val_graphs: Sequence[str]) -> str:
+    """The metric best.pt is chosen by: the validation graphs' geomean, or the training graphs' without any."""
+    return "eval_val_speedup_mean" if val_graphs else "eval_speedup_mean"
 
 
 def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
@@ -143,8 +165,12 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     pcfg = policy_config(c["model"])
     train_graphs = tuple(c["graphs"]["train"])
     eval_graphs = tuple(c["graphs"].get("eval") or ())
+    val_graphs = tuple(c["graphs"].get("val") or ())  # best.pt is chosen on these; eval graphs are reported only
     if not train_graphs:
         raise ConfigError("graphs.train is empty: name at least one built-in graph to train on")
+    if set(val_graphs) & set(train_graphs):
+        raise ConfigError(f"graphs.val and graphs.train share {sorted(set(val_graphs) & set(train_graphs))}: "
+                          "a checkpoint is chosen on graphs it was not trained on")
     cost = c.get("cost", {})
     spec = CollectorSpec(graphs=train_graphs, policy=pcfg, env=env_kwargs(c.get("env", {})),
                          cost=cost.get("name", "analytic"), device=cost.get("device", "h100"),
@@ -176,6 +202,14 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
         best_score = float(ckpt.get("metadata", {}).get("best_score", -math.inf))
     if start >= updates:
         raise ConfigError(f"the run already has {start} updates; raise `updates` above {start} to train further")
+    imitation = imitation_config(c.get("imitation") or {})
+    if imitation.teachers and not resume:  # a resumed run was warm-started when it began
+        from xrl.cost import get_cost_model
+        from xrl.env import resolve_graph
+
+        report = warm_start(policy, {g: resolve_graph(g) for g in train_graphs},
+                            get_cost_model(spec.cost, device=spec.device), spec.env, imitation, seed=seed)
+        (out / "imitation.json").write_text(json.dumps(report, indent=1))
 
     log_cfg = c.get("logger", {}) or {}
     logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
@@ -192,7 +226,8 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
         return save_checkpoint(path, policy, optimizer=optimizer, update=update, env_steps=env_steps,
                                rng=rng_state(ppo_rng), config=c, history=history,
                                metadata={"wandb_id": run_id, "best_score": best_score,
-                                         "train_graphs": list(train_graphs), "eval_graphs": list(eval_graphs)})
+                                         "train_graphs": list(train_graphs), "val_graphs": list(val_graphs),
+                                         "eval_graphs": list(eval_graphs), "selected_by": _selection_key(val_graphs)})
 
     from tqdm import tqdm
 
@@ -215,13 +250,15 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
             done = update + 1
             evaluated = (eval_every and done % eval_every == 0) or done == updates
             if evaluated:
-                records = collector.evaluate(policy.state_dict(), list(dict.fromkeys(train_graphs + eval_graphs)))
-                metrics.update(_eval_metrics(records, train_graphs))
+                records = collector.evaluate(policy.state_dict(),
+                                             list(dict.fromkeys(train_graphs + val_graphs + eval_graphs)))
+                metrics.update(_eval_metrics(records, train_graphs, val_graphs))
             metrics["time_s"] = time.perf_counter() - t_start
             history.append({"update": done, **metrics})
             logger.log(metrics, done)
-            if evaluated and metrics["eval_speedup_mean"] >= best_score:  # ties: the later, longer-trained policy
-                best_score = metrics["eval_speedup_mean"]
+            score = metrics.get(_selection_key(val_graphs), -math.inf)
+            if evaluated and score >= best_score:  # ties: the later, longer-trained policy
+                best_score = score
                 best_path = checkpoint(out / "best.pt", done)
             bar.set_postfix(speedup=f"{metrics['speedup_mean']:.3f}", ret=f"{metrics['episode_return']:.2f}")
             if (ckpt_every and done % ckpt_every == 0) or done == updates:
