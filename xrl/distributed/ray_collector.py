@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-from xrl.distributed.ray_service import RemoteCostModel, cache_actor, require_ray, share_cache, start_measurement_actors
+from xrl.distributed.ray_service import (
+    RemoteCostModel,
+    cache_actor,
+    find_cache_actor,
+    require_ray,
+    share_cache,
+    start_measurement_actors,
+)
 from xrl.errors import ConfigError, XrlError
 from xrl.rl.rollout import CollectorSpec, EpisodeRecord, Rollout, RolloutCollector, WorkerError, _Worker, shard, unshard
 
@@ -90,7 +97,10 @@ class RayCollector(RolloutCollector):
         self.owns_ray = connect(address)
         self.restarts = 0  # actors replaced so far
         self.timings: dict[str, float] = {}  # the last collect: put_s, wall_s, actor_max_s
-        self.cache = cache_actor(cache_path) if shared_cache and spec.cost == "op" else None
+        self.cache, self.own_cache = None, False
+        if shared_cache and spec.cost == "op":
+            self.own_cache = find_cache_actor() is None  # one this run starts, it stops (the file stays)
+            self.cache = cache_actor(cache_path)
         self.measurers: list[Any] = []
         self.actors: list[Any] = []
         try:
@@ -186,12 +196,16 @@ class RayCollector(RolloutCollector):
         return pending
 
     def gather_collect(self, pending: Pending) -> Rollout:
+        ray.wait(pending.refs, num_returns=len(pending.refs))  # all done (or failed): what follows is the fetch
+        t_ready = time.perf_counter()
         parts = self.gather(pending)
         out = Rollout()
         for part in parts:
             out.extend(part)
         out.collect_s = time.perf_counter() - pending.t0
-        self.timings.update(wall_s=out.collect_s, actor_max_s=max(p.collect_s for p in parts))
+        # fetch_s: the driver alone fetching and unpickling every rollout, the part that grows with the actors
+        self.timings.update(wall_s=out.collect_s, actor_max_s=max(p.collect_s for p in parts),
+                            fetch_s=time.perf_counter() - t_ready)
         return out
 
     def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
@@ -210,6 +224,9 @@ class RayCollector(RolloutCollector):
             except Exception:  # noqa: BLE001 - already gone: nothing to release
                 pass
         self.actors, self.measurers = [], []
+        if self.own_cache and self.cache is not None:
+            ray.kill(self.cache, no_restart=True)
+            self.cache, self.own_cache = None, False
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
             self.owns_ray = False

@@ -64,6 +64,14 @@ class CostCacheActor:
         return str(self.cache.path), os.getpid(), ray.get_runtime_context().get_node_id()
 
 
+def find_cache_actor() -> Any:
+    """The cluster's cache actor if one is running, else None."""
+    try:
+        return ray.get_actor(CACHE_ACTOR, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
 def cache_actor(path: str | Path | None = None, node_id: str | None = None) -> Any:
     """The cluster's cache actor: the running one (by name), else one started on `node_id` (default: this
     process's node) in front of `path` (default: that node's $XRL_CACHE_DIR/op_costs.sqlite).
@@ -71,10 +79,9 @@ def cache_actor(path: str | Path | None = None, node_id: str | None = None) -> A
     Pinned to its node (the file lives there) and restarted there by Ray if its process dies; calls made
     while it restarts are retried (max_task_retries), which is safe because a put never overwrites.
     """
-    try:
-        return ray.get_actor(CACHE_ACTOR, namespace=NAMESPACE)
-    except ValueError:
-        pass
+    running = find_cache_actor()
+    if running is not None:
+        return running
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from xrl.cost.op_measured import default_cache_path
