@@ -15,7 +15,7 @@ Time limits per run (seconds), chosen so that the ort-cpu table of all 21 graphs
 minutes on a 2-core machine; `--target paper` uses the smaller ones (its candidates cost less to
 enumerate, and it is the secondary table):
 
-    ort-cpu   greedy 60, beam 20, taso 20, tensat 20, exhaustive 20 (2,000 graphs)
+    ort-cpu   greedy 60, beam 15, taso 15, tensat 15, exhaustive 20 (2,000 graphs)
     paper     greedy 30, beam 10, taso 10, tensat 10, exhaustive 10
 
 Where a time limit binds, the result depends on the machine's speed (as in compare_suite.py).
@@ -48,7 +48,7 @@ from xrl.search.tensat import tensat_runner
 
 METHODS = ("greedy", "beam", "taso", "tensat", "exhaustive")  # tie order: the first listed is credited
 TIME_LIMITS = {
-    "ort-cpu": {"greedy": 60.0, "beam": 20.0, "taso": 20.0, "tensat": 20.0, "exhaustive": 20.0},
+    "ort-cpu": {"greedy": 60.0, "beam": 15.0, "taso": 15.0, "tensat": 15.0, "exhaustive": 20.0},
     "paper": {"greedy": 30.0, "beam": 10.0, "taso": 10.0, "tensat": 10.0, "exhaustive": 10.0},
 }
 HEADROOM_MIN = 1.10  # the bar: at least 10% above greedy
