@@ -1,0 +1,135 @@
+"""Release-mode policies: run an exported policy (`xrl policy export`, xrl.policies.export) with onnxruntime.
+
+Imports neither torch_geometric nor xrl's training code (xrl.nn, xrl.rl): the env supplies the
+candidates and hints, `feature_arrays` the node and edge features (numpy), onnxruntime the scores.
+`--search rl --policy FILE.onnx` (xrl.api) comes here: the policy's argmax at every step until it
+chooses the no-op, no rewrite applies or the horizon ends; the cheapest graph on the way is the result,
+as for a checkpoint's argmax rollout (xrl.rl.evaluate).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xrl.cost.base import CostModel
+from xrl.errors import ConfigError
+from xrl.ir import Graph
+from xrl.search.result import SearchResult
+
+FORMAT = "xrl-release-policy/1"  # also in xrl.policies.export, which this module must not import (it needs torch)
+
+
+def state_inputs(env: Any) -> dict[str, np.ndarray]:
+    """The exported policy's inputs for `env`'s current state: its graph, then each candidate (action k = graph k)."""
+    from xrl.env.graph_rewrite import feature_graph
+    from xrl.features.featurize import feature_arrays
+
+    parts = [feature_arrays(env.graph)] + [feature_arrays(feature_graph(c)) for c in env.candidates]
+    sizes = np.array([p[0].shape[0] for p in parts])
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return {
+        "x": np.concatenate([p[0] for p in parts]),
+        "edge_index": np.concatenate([p[1] + off for p, off in zip(parts, offsets)], axis=1),
+        "edge_attr": np.concatenate([p[2] for p in parts]),
+        "u": np.concatenate([p[3] for p in parts]),
+        "batch": np.repeat(np.arange(len(parts), dtype=np.int64), sizes),
+        "cand_attr": np.asarray(env.candidate_hints(), dtype=np.float32),
+    }
+
+
+class ReleasePolicy:
+    """An exported policy file, ready to choose."""
+
+    def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such policy file (write one with `xrl policy export CKPT -o FILE.onnx`)")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # the exporter's dynamic shapes draw size warnings that are not errors
+        if threads:
+            opts.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable models
+            raise ConfigError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
+        self.meta = dict(self.session.get_modelmeta().custom_metadata_map)
+        if self.meta.get("format") != FORMAT:
+            raise ConfigError(f"{path} is not an exported xrl policy (expected format {FORMAT}; "
+                              "export one with `xrl policy export`)")
+        self.path = path
+        self.config = json.loads(self.meta["policy_config"])
+        self.max_candidates: int | None = json.loads(self.meta.get("max_candidates", "null"))
+        self._check_dims()
+        self.inputs = [i.name for i in self.session.get_inputs()]  # an unused input (gcn's edge_attr) is dropped
+
+    def _check_dims(self) -> None:
+        from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
+
+        dims = (self.config["node_dim"], self.config["edge_dim"], self.config["global_dim"])
+        if dims != (NODE_DIM, EDGE_DIM, GLOBAL_DIM):
+            raise ConfigError(f"{self.path} was trained on features of size {dims} but this xrl makes "
+                              f"{(NODE_DIM, EDGE_DIM, GLOBAL_DIM)}; retrain and export the policy again")
+
+    def logits(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """[graphs] the policy's score of each action."""
+        return self.session.run(["logits"], {k: inputs[k] for k in self.inputs})[0]
+
+    def choose(self, env: Any) -> int:
+        """The greedy action in `env`'s current state (lowest index on ties, as the checkpoint's `mode()`)."""
+        return int(np.argmax(self.logits(state_inputs(env))))
+
+
+def release_search(graph: Graph, cost_model: CostModel, policy: ReleasePolicy, *, horizon: int,
+                   max_candidates: int | None = None, engine: Any = None,
+                   time_limit: float | None = None) -> SearchResult:
+    """The policy's argmax rollout on `graph`; the cheapest graph it passed through."""
+    from xrl.env import GraphRewriteEnv
+
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit if time_limit is not None else float("inf")
+    env = GraphRewriteEnv(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates,
+                          observation="summary")
+    env.reset(options={"graph": graph})
+    best_graph, best_cost, best_steps, best_actions = graph, env.cost, [], []
+    done, n = False, 0
+    while not done and time.perf_counter() < deadline:
+        _, _, terminated, truncated, _ = env.step(policy.choose(env))
+        done, n = terminated or truncated, n + 1
+        if env.cost < best_cost:
+            best_graph, best_cost, best_steps, best_actions = env.graph, env.cost, list(env.rewrites), list(env.actions)
+    return SearchResult(graph=best_graph, cost=best_cost, original_cost=env.cost0, steps=best_steps, explored=n,
+                        time_s=time.perf_counter() - t0, method="rl", details={
+                            "policy": str(policy.path), "mode": "argmax", "release": True, "env_steps": n,
+                            "actions": best_actions})
+
+
+def run_release(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
+                **options: Any) -> SearchResult:
+    """The `xrl.api` runner of `--search rl --policy FILE.onnx`: options `policy`, `mode` (argmax only),
+    `max_candidates` (default: the cap the policy was trained with; 0: none). `seed` is unused: argmax draws nothing."""
+    from xrl.search.rl_search import default_horizon
+
+    known = ("policy", "mode", "max_candidates")
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"a release-mode policy (.onnx) takes no option {', '.join(map(repr, unknown))}; "
+                          f"its options: {', '.join(known)}")
+    if options.get("mode") not in (None, "argmax"):
+        raise ConfigError(f"a release-mode policy (.onnx) plays argmax only, not --rl-mode {options['mode']}")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
+    policy = ReleasePolicy(options["policy"])
+    cap = options.get("max_candidates")
+    if cap is None:
+        cap = policy.max_candidates
+    elif cap < 0:
+        raise ConfigError(f"max_candidates must be 0 (no cap) or more, not {cap}")
+    return release_search(graph, cost, policy, horizon=steps or default_horizon(graph), max_candidates=cap or None,
+                          time_limit=time_limit)
