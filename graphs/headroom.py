@@ -186,3 +186,29 @@ def multi_lora(batch: int = 1, seed: int = 0) -> onnx.ModelProto:
         y = b.add(y, b.mul(low, b.scalar(2.0)))
     b.output(b.relu(y), "y")
     return b.model()
+
+
+LORA_QKV_DOC = ("LoRA (Hu et al., ICLR 2022, Sec. 5.5: GPT-2 with adapted attention weights) on a fused, bias-free "
+                "Q/K/V projection (GPT-2's c_attn layout, width 64 to 192), 16 tokens, rank 8, alpha 16, split into "
+                "Q, K and V and one attention head.")
+
+
+def lora_qkv(batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    b = OnnxBuilder("lora_qkv", seed, LORA_QKV_DOC)
+    x = b.input("x", (batch, 16, 64))
+    q, k, v = b.split(lora_linear(b, x, 192, 8, 16.0, name="c_attn"), [64, 64, 64], axis=-1)
+    scores = b.div(b.matmul(q, b.transpose(k, (0, 2, 1))), b.scalar(8.0))
+    b.output(b.matmul(b.softmax(scores, axis=-1), v), "y")
+    return b.model()
+
+
+LORA_FFN_DOC = ("LoRA (Hu et al., ICLR 2022) on both bias-free projections of a transformer feed-forward block "
+                "(width 64, inner 256, Gelu), 16 tokens, rank 8, alpha 16, with its residual.")
+
+
+def lora_ffn(batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    b = OnnxBuilder("lora_ffn", seed, LORA_FFN_DOC)
+    x = b.input("x", (batch, 16, 64))
+    h = b.gelu(lora_linear(b, x, 256, 8, 16.0, name="up"))
+    b.output(b.add(x, lora_linear(b, h, 64, 8, 16.0, name="down")), "y")
+    return b.model()
