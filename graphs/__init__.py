@@ -49,6 +49,8 @@ _GRAPHS = [
     BuiltinGraph("lora_tiny", "transformer", headroom.LORA_TINY_DOC, "headroom", headroom.lora_tiny),
     BuiltinGraph("lora_decode", "transformer", headroom.LORA_DECODE_DOC, "headroom", headroom.lora_decode),
     BuiltinGraph("multi_lora", "transformer", headroom.MULTI_LORA_DOC, "headroom", headroom.multi_lora),
+    BuiltinGraph("lora_qkv", "transformer", headroom.LORA_QKV_DOC, "headroom", headroom.lora_qkv),
+    BuiltinGraph("lora_ffn", "transformer", headroom.LORA_FFN_DOC, "headroom", headroom.lora_ffn),
     BuiltinGraph("lora_attention", "transformer", headroom.LORA_ATTENTION_DOC, "headroom", headroom.lora_attention),
     BuiltinGraph("lora_attention_all", "transformer", headroom.LORA_ATTENTION_ALL_DOC, "headroom",
                  headroom.lora_attention_all),
