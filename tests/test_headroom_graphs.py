@@ -16,6 +16,8 @@ EXPECTED_OUTPUT = {
     "lora_tiny": (1, 16, 64),
     "lora_decode": (1, 256),
     "multi_lora": (1, 32, 96),
+    "lora_qkv": (1, 16, 64),
+    "lora_ffn": (1, 16, 64),
     "lora_attention": (1, 32, 64),
     "lora_attention_all": (1, 32, 96),
     "fire_small": (1, 64, 8, 8),
