@@ -44,6 +44,9 @@ FORMAT = "xrl-pass-policy/1"
 ENV_DEFAULTS: dict[str, Any] = {"name": "pass_ordering", "horizon": len(PASSES), "reward": "ops", "shaping": "none",
                                 "gamma": 0.99, "max_rewrites": None, "hidden": 64, "layers": 2}
 _MASKED = -1e8  # logit of a masked pass (not -inf: the entropy of a masked categorical stays finite)
+# The env's rewards are percentages (returns up to ~60); PPO sees them / 100 so that its value clipping
+# (algo.clip_coef on the value's change) works on returns of order 1, the scale it is tuned for.
+REWARD_SCALE = 0.01
 
 
 # ----- policy --------------------------------------------------------------------------------------
@@ -310,7 +313,8 @@ def train_passes(c: dict[str, Any], out_dir: str | Path) -> TrainSummary:
                 rews += r
                 dones += [0.0] * (len(a) - 1) + [1.0]
             collect_s = time.perf_counter() - t0
-            batch = RolloutBatch(obs, torch.tensor(acts), torch.tensor(logps), torch.tensor(vals), torch.tensor(rews),
+            batch = RolloutBatch(obs, torch.tensor(acts), torch.tensor(logps), torch.tensor(vals),
+                                 REWARD_SCALE * torch.tensor(rews),
                                  torch.tensor(dones))
             t_upd = time.perf_counter()
             stats = ppo_update(policy, optimizer, batch, ppo, ppo_rng)  # type: ignore[arg-type]
