@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xrl-installed
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test lint bench clean-venv client
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { \
@@ -35,6 +35,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) experiments/bench_foundation.py
+
+# The C client of the policy server (docs/release_and_pipes.md); tests/test_c_client.py compiles its own copy.
+client: build/xrl_client
+
+build/xrl_client: clients/c/xrl_client.c
+	@mkdir -p build
+	$(CC) -std=c99 -Wall -Wextra -O2 -o $@ $<
 
 clean-venv:
 	rm -rf $(VENV)
