@@ -4,9 +4,12 @@ A teacher is any search method of `xrl optimize --search` whose result is a sequ
 (greedy, beam, taso; Tensat's extraction is not a sequence and cannot teach). For every training
 graph each teacher runs once; the cheapest trajectory per graph is replayed in the training env,
 which turns it into (state, action) pairs exactly as the policy will see them, the final "stop"
-included. Then, for `epochs` passes over shuffled minibatches:
+included. A teacher's order among independent rewrites is arbitrary (fold this BatchNormalization or
+that one first), so the target at a state is the set A*(s) of every offered rewrite the teacher takes
+from there on (the same `rule@location`), not only its next one. Then, for `epochs` passes over
+shuffled minibatches:
 
-    L = -mean log pi(a* | s)  +  c_V * mean ((V(s) - G*(s)) / sigma)^2
+    L = -mean log sum_{a in A*(s)} pi(a | s)  +  c_V * mean ((V(s) - G*(s)) / sigma)^2
 
 G*(s) is the teacher's return from s on (the env's reward summed to the end), so the value head
 starts from the returns the teacher reached, not from zero, when PPO takes over. sigma, the spread
@@ -36,7 +39,7 @@ from xrl.rl.rollout import observe
 log = logging.getLogger(__name__)
 
 # Methods whose result is a replayable sequence of rewrites.
-TEACHERS = ("greedy", "beam", "taso", "rl")
+TEACHERS = ("greedy", "beam", "exhaustive", "taso", "rl")
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,9 @@ class Demonstration:
     teacher: str
     speedup: float
     obs: list[Any]
-    actions: list[int]
+    actions: list[int]  # the teacher's next action at each state
     returns: list[float]
+    accept: list[list[int]] = field(default_factory=list)  # A*(s): every action the teacher takes from s on
 
 
 def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
@@ -90,14 +94,17 @@ def replay(env: Any, graph: Any, name: str, teacher: str, steps: Sequence[str], 
     env.reset(options={"graph": graph})
     demo = Demonstration(name, teacher, speedup, [], [], [])
     rewards: list[float] = []
-    for step in [*steps, None]:  # None: the final stop
-        index = 0 if step is None else next((i + 1 for i, c in enumerate(env.candidates) if c.step == step), None)
+    for t, step in enumerate([*steps, None]):  # None: the final stop
+        offered = {c.step: i + 1 for i, c in enumerate(env.candidates)}
+        index = 0 if step is None else offered.get(step)
         if index is None:
             log.info("%s: %s's step %s is not among the %d candidates offered; the demonstration ends there",
                      name, teacher, step, len(env.candidates))
             index = 0
+        later = {offered[s] for s in steps[t:] if s in offered}
         demo.obs.append(observe(env, featurize))
         demo.actions.append(index)
+        demo.accept.append(sorted(later | {index}))
         _, reward, terminated, truncated, _ = env.step(index)
         rewards.append(reward)
         if terminated or truncated:
@@ -112,7 +119,7 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
     obs = [o for d in demos for o in d.obs]
     if not obs:
         raise ConfigError("no demonstration states to imitate: the teachers found no rewrites on the training graphs")
-    actions = torch.tensor([a for d in demos for a in d.actions], dtype=torch.long)
+    accept = [a for d in demos for a in (d.accept or [[x] for x in d.actions])]
     returns = torch.tensor([r for d in demos for r in d.returns], dtype=torch.float32)
     sigma = max(float(returns.std()) if len(returns) > 1 else 1.0, 1.0)
     collate = type(obs[0]).collate
@@ -127,8 +134,13 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
         for start in range(0, len(order), cfg.minibatch_size):
             idx = order[start:start + cfg.minibatch_size].tolist()
             dist, value = policy(collate([obs[i] for i in idx]))
-            a, g = actions[idx], returns[idx]
-            nll = -dist.log_prob(a).mean()
+            g = returns[idx]
+            flat = torch.tensor([int(dist.start[k]) + a for k, i in enumerate(idx) for a in accept[i]])
+            owner = torch.tensor([k for k, i in enumerate(idx) for _ in accept[i]])
+            picked = dist.log_probs[flat]
+            top = torch.zeros(len(idx)).index_reduce_(0, owner, picked.detach(), "amax", include_self=False)
+            mass = torch.zeros(len(idx)).index_add_(0, owner, (picked - top[owner]).exp())
+            nll = -(top + mass.log()).mean()  # -log of the probability mass on A*(s), per state
             vloss = (((value - g) / sigma) ** 2).mean()
             loss = nll + cfg.vf_coef * vloss
             opt.zero_grad()
@@ -137,7 +149,7 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
             opt.step()
             total += nll.item() * len(idx)
             sq += vloss.item() * len(idx)
-            correct += float((dist.mode() == a).sum())
+            correct += sum(int(m) in accept[i] for m, i in zip(dist.mode().tolist(), idx))
         row = {"epoch": epoch + 1, "nll": total / len(obs), "accuracy": correct / len(obs),
                "value_mse": sq / len(obs) * sigma**2, "time_s": time.perf_counter() - t0}
         history.append(row)
