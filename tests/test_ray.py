@@ -83,19 +83,24 @@ def test_rollout_actors_on_both_nodes_play_what_the_workers_play_and_replay_a_ki
         assert [e.graph for e in evals] == ["tiny_cnn", "mlp", "tiny_cnn"]
 
 
-def test_xrl_train_collector_ray_two_updates(cluster, tmp_path, capsys):
-    code = main(["train", *FAST, "updates=2", "collector=ray", f"collector.address={cluster.address}",
-                 "collector.actors=2", f"hydra.run.dir={tmp_path}"])
+def test_xrl_train_collector_ray_two_updates_with_measured_rewards(cluster, tmp_path, capsys):
+    # rewards from per-op timings taken on a measurement actor, through the cluster's cache actor into one file
+    cache = tmp_path / "op_costs.sqlite"
+    code = main(["train", *FAST, "updates=2", "cost=op", "collector=ray", f"collector.address={cluster.address}",
+                 "collector.actors=2", "collector.measure_actors=1", f"collector.cache_path={cache}",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "trained 2 updates" in out
-    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in lines] == [1, 2] and lines[-1]["episodes"] == 4  # 2 actors x 2 episodes
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True)]  # nothing left behind
+    assert sqlite3.connect(cache).execute("SELECT COUNT(*) FROM op_timings_v1").fetchone()[0] > 0
+    assert not ray.util.list_named_actors(all_namespaces=True)  # the run's cache actor stopped with it
 
 
 @pytest.mark.parametrize("override, needle", [("collector.actors=0", "actors must be at least 1"),
-                                              ("collector.max_restarts=x", "max_restarts must be int")])
+                                              ("collector.max_restarts=x", "max_restarts must be int"),
+                                              ("collector.actors=9", "needs 9 CPUs")])  # the cluster has 4
 def test_bad_ray_settings_are_one_line_user_errors(cluster, override, needle, tmp_path, capsys):
     code = main(["train", *FAST, "updates=1", "collector=ray", override, f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err

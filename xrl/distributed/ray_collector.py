@@ -14,6 +14,7 @@ call, so a backend that kills every actor fails the run instead of looping.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -94,15 +95,21 @@ class RayCollector(RolloutCollector):
         if actors < 1:
             raise ConfigError(f"collector.actors must be at least 1, not {actors}")
         self.spec, self.num_cpus, self.max_restarts = spec, num_cpus_per_actor, max_restarts
-        self.owns_ray = connect(address)
         self.restarts = 0  # actors replaced so far
-        self.timings: dict[str, float] = {}  # the last collect: put_s, wall_s, actor_max_s
+        self.timings: dict[str, float] = {}  # the last collect: put_s, wall_s, actor_max_s, fetch_s
         self.cache, self.own_cache = None, False
+        self.measurers: list[Any] = []
+        self.actors: list[Any] = []
+        need = actors * num_cpus_per_actor + measure_actors * measure_num_cpus
+        self.owns_ray = connect(address, num_cpus=need)
+        have = ray.cluster_resources().get("CPU", 0)
+        if need > have:  # Ray would wait for CPUs that never come
+            self.close()
+            raise ConfigError(f"collector=ray needs {need:g} CPUs (actors x num_cpus_per_actor + measure_actors x "
+                              f"measure_num_cpus) and the Ray cluster has {have:g}")
         if shared_cache and spec.cost == "op":
             self.own_cache = find_cache_actor() is None  # one this run starts, it stops (the file stays)
             self.cache = cache_actor(cache_path)
-        self.measurers: list[Any] = []
-        self.actors: list[Any] = []
         try:
             if measure_actors > 0:
                 self.measurers = start_measurement_actors(
@@ -232,14 +239,15 @@ class RayCollector(RolloutCollector):
             self.owns_ray = False
 
 
-def connect(address: str | None) -> bool:
+def connect(address: str | None, num_cpus: float = 0) -> bool:
     """Join Ray: the connection this process already has, else `address` (auto, host:port), else (None) a
-    Ray started here for this process. Returns whether this call connected (then close() disconnects)."""
+    Ray started here for this process, with at least `num_cpus` logical CPUs (more actors than cores is
+    the user's choice on one machine). Returns whether this call connected (then close() disconnects)."""
     if ray.is_initialized():
         return False
     try:
         if address is None:
-            ray.init(include_dashboard=False)
+            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)), include_dashboard=False)
         else:
             ray.init(address=address)
     except ConnectionError as e:
