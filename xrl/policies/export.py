@@ -9,12 +9,13 @@ The exported graph is the policy's scoring of one state (xrl.nn.policy.GraphPoli
 
 N, E and B are dynamic. The value head is left out: a release runner only chooses. The checkpoint's
 incremental encoding is an exact shortcut of this whole-graph encoding (tests/test_incremental_encoding.py),
-so both make the same choices. PyG's layers export as they are through the TorchScript-based exporter
-(their message passing becomes Gather / ScatterElements with reduction, opset 18), except two computed
-here the export-friendly way from the same weights: GCN's node degree, a bincount (no ONNX op), as a
-scatter-add of ones, and max and sum pooling, whose PyG exports give wrong values, as a scatter max
-from -inf and a scatter-add from zeros. Every export is checked: the file
-is run under onnxruntime on a sample state and must give the checkpoint's logits.
+so both choose alike (up to ties broken apart by float rounding).
+
+PyG's layers export as they are through the TorchScript-based exporter (message passing becomes Gather
+and ScatterElements with reduction, opset 18), except two pieces computed here the export-friendly way
+from the same weights: GCN's node degree, a bincount (no ONNX op), as a scatter-add of ones; and max
+pooling, whose PyG export gives wrong values, as a scatter max from -inf. Every export is checked: the
+file is run under onnxruntime on a sample state and must give the checkpoint's logits.
 """
 
 from __future__ import annotations
@@ -66,10 +67,8 @@ class _Scorer(nn.Module):
         from xrl.nn.encoders import _scatter_max
 
         kind = self.policy.encoder.cfg.pooling
-        if kind == "max":  # PyG's max and sum pools export wrong values: ScatterElements max from -inf, and
+        if kind == "max":  # PyG's max pool exports wrong values: ScatterElements max from -inf instead
             return _scatter_max(h, batch, num_graphs)
-        if kind == "sum":  # ScatterElements add from zeros (index_add exports without the add: duplicates overwrite)
-            return h.new_zeros(num_graphs, h.size(1)).scatter_add(0, batch.unsqueeze(-1).expand_as(h), h)
         return self.policy.encoder.pool(h, batch, num_graphs)
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor, batch: Tensor,

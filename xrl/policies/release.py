@@ -133,3 +133,87 @@ def run_release(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, 
         raise ConfigError(f"max_candidates must be 0 (no cap) or more, not {cap}")
     return release_search(graph, cost, policy, horizon=steps or default_horizon(graph), max_candidates=cap or None,
                           time_limit=time_limit)
+
+
+# ----- over the pipe protocol (xrl.serve.pipe) ------------------------------------------------------------
+# The policy's inputs change size every step, and the protocol's header fixes each tensor's shape once
+# (MLGO's convention): they travel padded to maxima, with `counts` = (nodes, edges, graphs) in use.
+def pipe_specs(max_nodes: int, max_edges: int, max_graphs: int) -> list[Any]:
+    """The header's tensor specs of the padded policy inputs (max_graphs: candidates + 1, the no-op)."""
+    from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
+    from xrl.features.metagraph import CAND_DIM
+    from xrl.serve.pipe import TensorSpec
+
+    return [TensorSpec("x", (max_nodes, NODE_DIM), "float32"), TensorSpec("edge_index", (2, max_edges), "int64"),
+            TensorSpec("edge_attr", (max_edges, EDGE_DIM), "float32"),
+            TensorSpec("u", (max_graphs, GLOBAL_DIM), "float32"), TensorSpec("batch", (max_nodes,), "int64"),
+            TensorSpec("cand_attr", (max_graphs, CAND_DIM), "float32"), TensorSpec("counts", (3,), "int64")]
+
+
+def pad_inputs(inputs: dict[str, np.ndarray], specs: list[Any]) -> dict[str, np.ndarray]:
+    """`inputs` (state_inputs) zero-padded to the specs' shapes, with their `counts`."""
+    n, e, b = inputs["x"].shape[0], inputs["edge_index"].shape[1], inputs["u"].shape[0]
+    out = {"counts": np.array([n, e, b], dtype=np.int64)}
+    for spec in specs:
+        if spec.name == "counts":
+            continue
+        arr = inputs[spec.name]
+        if any(have > room for have, room in zip(arr.shape, spec.shape)):
+            raise ConfigError(f"{spec.name} of shape {arr.shape} exceeds the declared {spec.shape}; raise the maxima")
+        padded = np.zeros(spec.shape, dtype=spec.dtype)
+        padded[tuple(slice(0, s) for s in arr.shape)] = arr
+        out[spec.name] = padded
+    return out
+
+
+def unpad_inputs(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of pad_inputs: the first `counts` rows (edges) of each tensor."""
+    n, e, b = (int(c) for c in obs["counts"])
+    return {"x": obs["x"][:n], "edge_index": obs["edge_index"][:, :e], "edge_attr": obs["edge_attr"][:e],
+            "u": obs["u"][:b], "batch": obs["batch"][:n], "cand_attr": obs["cand_attr"][:b]}
+
+
+def pipe_policy(policy: ReleasePolicy) -> Any:
+    """A `xrl.serve.pipe.Policy`: the greedy action from one padded observation."""
+
+    def choose(obs: dict[str, np.ndarray]) -> int:
+        from xrl.serve.pipe import PipeProtocolError
+
+        try:
+            inputs = unpad_inputs(obs)
+            return int(np.argmax(policy.logits({k: np.ascontiguousarray(v) for k, v in inputs.items()})))
+        except (KeyError, ValueError) as e:
+            raise PipeProtocolError(f"the observation is not a release policy's padded inputs ({e})") from None
+        except Exception as e:  # onnxruntime's errors on bad sizes or indices: the host's message was wrong
+            raise PipeProtocolError(f"the policy could not read the observation ({type(e).__name__})") from None
+
+    return choose
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m xrl.policies.release serve --in PIPE --out PIPE --policy FILE.onnx`: `xrl serve` for an
+    exported policy (the same protocol; the observation is the policy's padded inputs, see pipe_specs)."""
+    import argparse
+    import sys
+
+    from xrl.serve.pipe import PipeProtocolError, serve_pipes
+
+    ap = argparse.ArgumentParser(prog="python -m xrl.policies.release")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sv = sub.add_parser("serve")
+    sv.add_argument("--in", dest="in_path", required=True)
+    sv.add_argument("--out", dest="out_path", required=True)
+    sv.add_argument("--policy", required=True, metavar="FILE.onnx")
+    sv.add_argument("--timeout", type=float, default=60.0)
+    args = ap.parse_args(argv)
+    try:
+        n = serve_pipes(args.in_path, args.out_path, pipe_policy(ReleasePolicy(args.policy)), timeout=args.timeout)
+    except (PipeProtocolError, ConfigError) as e:
+        print(f"xrl: error: serve: {e}", file=sys.stderr)
+        return 2
+    print(f"served {n} decisions", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
