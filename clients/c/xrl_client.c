@@ -40,6 +40,7 @@ static int timeout_ms = 60000;
 static char dir[256];
 static char p_c2s[300], p_s2c[300], p_e2c[300], p_c2e[300];
 static pid_t server_pid = -1, env_pid = -1;
+static int server_closed = 0; /* the pipe to the server is closed (the truncation test closes it early) */
 
 static void cleanup(void) {
     unlink(p_c2s); unlink(p_s2c); unlink(p_e2c); unlink(p_c2e);
@@ -265,6 +266,7 @@ static long exchange(int from_env, int to_env, int to_server, int from_server, l
             free(buf);
             if (k == truncate_at) {
                 close(to_server);
+                server_closed = 1;
                 char a[8];
                 if (read_exact(from_server, a, 8, "advice") == 0)
                     fail("the server closed the advice pipe after truncated observation %ld (as it must)", k);
@@ -342,8 +344,7 @@ int main(int argc, char **argv) {
     int to_env = from_env < 0 ? -1 : open_fifo(p_c2e, O_WRONLY);
     if (to_env >= 0) decisions = exchange(from_env, to_env, to_server, from_server, truncate_at);
     /* Closing ends the exchange on both sides: the server reads end of file, the env side gets no more advice. */
-    if (to_server >= 0 && truncate_at < 0) close(to_server);
-    if (truncate_at >= 0 && decisions >= 0) { close(to_server); }
+    if (to_server >= 0 && !server_closed) close(to_server);
     if (to_env >= 0) close(to_env);
     if (from_env >= 0) close(from_env);
     int server_rc = reap(server_pid, "xrl serve");
