@@ -245,6 +245,8 @@ def connect(address: str | None, num_cpus: float = 0) -> bool:
     the user's choice on one machine). Returns whether this call connected (then close() disconnects)."""
     if ray.is_initialized():
         return False
+    if address not in (None, "auto") and "://" not in address:
+        _probe(address)
     try:
         if address is None:
             ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)), include_dashboard=False)
@@ -253,3 +255,16 @@ def connect(address: str | None, num_cpus: float = 0) -> bool:
     except ConnectionError as e:
         raise ConfigError(f"cannot join the Ray cluster at collector.address={address!r}: {e}") from None
     return True
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """ConfigError unless something listens at host:port (ray.init would retry an unreachable one for minutes)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"collector.address must be null, auto or host:port, not {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"cannot join the Ray cluster at collector.address={address!r}: {e}") from None
