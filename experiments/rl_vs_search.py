@@ -78,7 +78,7 @@ def train_seed(variant: str, seed: int, updates: int, out: Path) -> Path:
     summary = train(cfg, out)
     print(f"trained {variant} seed {seed}: {updates} updates in {(time.perf_counter() - t0) / 60:.1f} min "
           f"({' '.join(overrides)})", file=sys.stderr, flush=True)
-    return summary.best_path or summary.last_path
+    return summary.best_checkpoint or summary.last_checkpoint
 
 
 def evaluate(policy: Path, graph: str, mode: str, time_limit: float, target: str):  # noqa: ANN201

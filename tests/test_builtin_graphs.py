@@ -33,6 +33,16 @@ EXPECTED_OUTPUT = {
     "vgg19": (1, 1000),
     "mlp": (1, 10),
     "tiny_cnn": (1, 10),
+    "lora_mlp": (1, 64, 128),
+    "lora_tiny": (1, 16, 64),
+    "lora_decode": (1, 256),
+    "multi_lora": (1, 32, 96),
+    "lora_qkv": (1, 16, 64),
+    "lora_ffn": (1, 16, 64),
+    "lora_attention": (1, 32, 64),
+    "lora_attention_all": (1, 32, 96),
+    "fire_small": (1, 64, 8, 8),
+    "inception_a_small": (1, 32, 8, 8),
 }
 
 
@@ -85,6 +95,8 @@ def test_registry_is_complete_and_consistent() -> None:
     assert graphs.names("xrlflow") == ["bert", "vit", "dalle", "tt", "inception_v3", "resnext50", "squeezenet"]
     assert graphs.names("taso") == ["nasrnn", "nasnet_a", "resnet50", "vgg19"]
     assert graphs.names("small") == ["mlp", "tiny_cnn"]
+    assert graphs.names("headroom") == ["lora_mlp", "lora_tiny", "lora_decode", "multi_lora", "lora_qkv", "lora_ffn",
+                                        "lora_attention", "lora_attention_all", "fire_small", "inception_a_small"]
     for name, g in graphs.BUILTIN_GRAPHS.items():
         assert g.name == name and g.family in ("transformer", "cnn", "rnn", "small") and g.description
         assert (g.suite == "small") == (g.family == "small")

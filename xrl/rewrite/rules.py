@@ -101,6 +101,7 @@ def parse_rule_files(paths: Iterable[str | Path] | None = None) -> list[Rule]:
 
 
 _MEMO: dict[tuple, RuleSet] = {}
+_PARSED: dict[tuple, list[Rule]] = {}
 
 
 def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool = True,
@@ -111,7 +112,10 @@ def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool
     are left out with a warning.
     """
     files = rule_files(paths)
-    rules = parse_rule_files(files)
+    stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    rules = _PARSED.get(stamp)
+    if rules is None:  # parsing 124 rules takes about a second: once per process while the files are unchanged
+        rules = _PARSED[stamp] = parse_rule_files(files)
     if not verified_only:
         return RuleSet(tuple(rules))
     key = (tuple((r.name, r.family, r.text) for r in rules), seed, trials)

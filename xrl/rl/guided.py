@@ -61,6 +61,10 @@ def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, e
     t0 = time.perf_counter()
     deadline = t0 + time_limit if time_limit is not None else float("inf")
     featurize = featurize if featurize is not None else policy.features()
+    if engine is None:  # one engine (its rules parsed and verified once) for the argmax rollout and the beam
+        from xrl.rewrite import RewriteEngine
+
+        engine = RewriteEngine()
     first = optimize_with_policy(policy, graph, cost_model, engine=engine, horizon=horizon,
                                  max_candidates=max_candidates, time_limit=time_limit, featurize=featurize)
     best_cost, best_graph, best_steps = first.cost, first.graph, list(first.steps)

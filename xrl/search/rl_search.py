@@ -16,6 +16,8 @@ one search module that imports `xrl.rl`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +55,31 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
     path = Path(policy) if policy is not None else default_policy_path()
     net, ckpt = load_policy(path)
     horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
-    if mode == "guided":
-        from xrl.rl import guided
+    with one_torch_thread():
+        if mode == "guided":
+            from xrl.rl import guided
 
-        limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
-        return guided.guided_search(net, graph, cost_model, engine=engine, horizon=horizon, max_candidates=cap,
-                                    width=int(width or guided.WIDTH), expand=int(expand or guided.EXPAND),
-                                    time_limit=limit)
-    return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples, seed=seed,
-                                max_candidates=cap, time_limit=time_limit)
+            limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
+            return guided.guided_search(net, graph, cost_model, engine=engine, horizon=horizon, max_candidates=cap,
+                                        width=int(width or guided.WIDTH), expand=int(expand or guided.EXPAND),
+                                        time_limit=limit)
+        return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
+                                    seed=seed, max_candidates=cap, time_limit=time_limit)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """The policy's forward passes on one thread: its tensors are small, and on a busy machine torch's
+    thread pool spin-waits (a BERT state's forward pass: 0.15 s on one thread, 3.5 s on two, measured
+    here under load)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
