@@ -38,7 +38,7 @@ def mlp():
 
 @pytest.fixture(scope="module")
 def wide(paper, shipped, mlp):
-    return guided_search(shipped, mlp, paper, horizon=50, width=16, expand=8, time_limit=60)
+    return guided_search(shipped, mlp, paper, horizon=50, width=16, expand=8, time_limit=30)
 
 
 def test_guided_search_finds_what_greedy_and_argmax_miss(paper, shipped, mlp, wide):
@@ -53,10 +53,11 @@ def test_guided_search_finds_what_greedy_and_argmax_miss(paper, shipped, mlp, wi
     assert len(wide.steps) == len(set(wide.steps))  # a path, as rule@location steps, with no repeats
 
 
-def test_guided_search_is_deterministic_never_worse_than_argmax_and_keeps_its_budget(paper, shipped, mlp):
-    argmax = optimize_with_policy(shipped, mlp, paper, horizon=50)
-    a = guided_search(shipped, mlp, paper, horizon=50, time_limit=30)
-    b = guided_search(shipped, mlp, paper, horizon=50, time_limit=30)
+def test_guided_search_is_deterministic_never_worse_than_argmax_and_keeps_its_budget(paper, shipped):
+    g = resolve_graph("lora_qkv")  # a small space: the widening passes see all of it well within the budget
+    argmax = optimize_with_policy(shipped, g, paper, horizon=50)
+    a = guided_search(shipped, g, paper, horizon=50, time_limit=60)
+    b = guided_search(shipped, g, paper, horizon=50, time_limit=60)
     assert a.steps == b.steps and a.cost == b.cost
     assert a.cost <= argmax.cost * (1 + 1e-12)
     t0 = time.perf_counter()

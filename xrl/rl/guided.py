@@ -12,6 +12,7 @@ left to give:
         scored  achieved(s') + V(s')         achieved: the reward collected so far, 100 * (c0 - c) / c0
         beam <- the `width` best scored children
     stop when `patience` depths pass without the beam finding a state cheaper than it had found
+    then again, twice as wide and trying twice as many rewrites per state, while the budget lasts
     return the cheapest graph seen, the argmax rollout's included
 
 The argmax rollout runs first, so the search never returns worse than argmax; the children of a
@@ -36,10 +37,11 @@ from xrl.nn.policy import GraphPolicy
 from xrl.rl.evaluate import PolicyRun, make_env, optimize_with_policy
 from xrl.rl.rollout import observe, uphill_paid_off
 
-# Defaults: a beam of 4 states, each offering its 4 most likely rewrites, 5% uphill allowed (TASO's alpha).
-WIDTH, EXPAND, ALPHA = 4, 4, 1.05
-# Depths without a new best before the search stops: the beam wanders uphill for at most this long.
+# Defaults: a beam of 4 states, each trying its 4 likeliest rewrites; 10% uphill per step (as beam search).
+WIDTH, EXPAND, ALPHA = 4, 4, 1.1
+# Depths without a new best before a pass stops: the beam wanders uphill for at most this long.
 PATIENCE = 8
+MAX_EXPAND = 32  # widening doubles the rewrites tried per state up to this
 
 
 @dataclass
@@ -67,16 +69,44 @@ def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, e
         engine = RewriteEngine()
     first = optimize_with_policy(policy, graph, cost_model, engine=engine, horizon=horizon,
                                  max_candidates=max_candidates, time_limit=time_limit, featurize=featurize)
-    best_cost, best_graph, best_steps = first.cost, first.graph, list(first.steps)
-    best_uphill = first.uphill_paid_off
-    env_steps, states = first.env_steps, 1
+    env_steps, states, last = first.env_steps, 0, 0
 
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
     c0 = env.cost0
+    best = _Best(first.cost, first.graph, list(first.steps), first.uphill_paid_off)
+    passes = []
+    # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts
+    # and a pass still sees something new (a pass that explored no more states than the last one has
+    # seen the whole space reachable under the prior's top choices).
+    while time.perf_counter() < deadline and (width, expand) not in passes:
+        passes.append((width, expand))
+        explored = _beam_pass(env, c0, policy, featurize, best, width=width, expand=expand, alpha=alpha,
+                              patience=patience, deadline=deadline)
+        env_steps += explored
+        states += explored
+        if len(passes) > 1 and explored <= last:
+            break
+        last = explored
+        width, expand = width * 2, min(expand * 2, MAX_EXPAND)
+    return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, time.perf_counter() - t0,
+                     best.uphill, [first.speedup, c0 / best.cost])
+
+
+@dataclass
+class _Best:
+    cost: float
+    graph: Graph
+    steps: list[str]
+    uphill: bool
+
+
+def _beam_pass(env: Any, c0: float, policy: GraphPolicy, featurize: Any, best: _Best, *, width: int, expand: int,
+               alpha: float, patience: int, deadline: float) -> int:
+    """One beam pass from the input graph; updates `best`; returns the number of states it stepped into."""
     root = _Node(env, [], [c0])
     _score([root], policy, featurize, c0)
-    beam, seen, stale, beam_best = [root], {graph.canonical_hash}, 0, c0
+    beam, seen, stale, beam_best, stepped = [root], {env.graph.canonical_hash}, 0, c0, 0
     while beam and stale < patience and time.perf_counter() < deadline:
         children: list[_Node] = []
         improved = False
@@ -86,7 +116,7 @@ def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, e
                     break
                 child = node.env.fork()
                 _, _, terminated, truncated, _ = child.step(action)
-                env_steps += 1
+                stepped += 1
                 key = child.graph.canonical_hash
                 if key in seen or child.cost >= alpha * node.env.cost:
                     continue
@@ -94,18 +124,16 @@ def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, e
                 steps, costs = [*node.steps, child.last_rewrite], [*node.costs, child.cost]
                 if child.cost < beam_best:
                     beam_best, improved = child.cost, True
-                if child.cost < best_cost:
-                    best_cost, best_graph, best_steps = child.cost, child.graph, steps
-                    best_uphill = uphill_paid_off(costs)
+                if child.cost < best.cost:
+                    best.cost, best.graph, best.steps, best.uphill = child.cost, child.graph, steps, \
+                        uphill_paid_off(costs)
                 if not (terminated or truncated):
                     children.append(_Node(child, steps, costs))
         if children and time.perf_counter() < deadline:
             _score(children, policy, featurize, c0)
-        states += len(children)
         beam = sorted(children, key=lambda n: -n.score)[:width]  # stable: ties keep the engine's order
         stale = 0 if improved else stale + 1
-    return PolicyRun(best_graph, best_cost, c0, best_steps, 1 + states, env_steps, time.perf_counter() - t0,
-                     best_uphill, [first.speedup, c0 / best_cost])
+    return stepped
 
 
 def _likeliest(node: _Node, k: int) -> list[int]:
