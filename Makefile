@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(VENV)/bin/xrl optimize bert -o out/bert.xrl.onnx --force --measure
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check xrl tests graphs experiments
