@@ -119,7 +119,11 @@ def calibrate(threads: int = 1, repeats: int = 50, seed: int = 0) -> Calibration
     big = rng.standard_normal((4096, 1024)).astype(np.float32)
     b1 = _median_run(_relu_chain(1, [4096, 1024], threads), big, max(5, repeats // 5))
     b5 = _median_run(_relu_chain(5, [4096, 1024], threads), big, max(5, repeats // 5))
-    bandwidth = 4 * 2 * big.nbytes / max(b5 - b1 - 4 * overhead, 1e-9)
+    # one Relu's time: the difference of the chains, unless noise ate it (a busy machine: b5 <= b1 was seen),
+    # then the long chain's time per Relu, which also counts the input's copy (a lower bandwidth, not 1e17)
+    per_relu = (b5 - b1) / 4 - overhead
+    whole = b5 / 5 - overhead
+    bandwidth = 2 * big.nbytes / max(per_relu if per_relu > 0.5 * whole else whole, 1e-9)
     rates: dict[str, float] = {}
     for m, k, n in GEMM_SIZES:
         w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
