@@ -18,7 +18,7 @@ left to give:
 The argmax rollout runs first, so the search never returns worse than argmax; the children of a
 depth are encoded in one batched forward pass. With a prior that has learned which uphill rewrite
 pays off (an enlargement before a merge) the beam follows it where greedy and a cost-ranked beam
-drop it. Deterministic: no sampling, ties go to the engine's candidate order.
+drop it. Deterministic where the budget does not bind: no sampling, ties go to the engine's candidate order.
 """
 
 from __future__ import annotations
