@@ -130,7 +130,9 @@ def _beam_pass(env: Any, c0: float, policy: GraphPolicy, featurize: Any, best: _
                 if not (terminated or truncated):
                     children.append(_Node(child, steps, costs))
         if children and time.perf_counter() < deadline:
-            _score(children, policy, featurize, c0)
+            children = _score(children, policy, featurize, c0, deadline)
+        else:
+            children = []  # out of time: nothing scored to expand
         beam = sorted(children, key=lambda n: -n.score)[:width]  # stable: ties keep the engine's order
         stale = 0 if improved else stale + 1
     return stepped
@@ -145,15 +147,24 @@ def _likeliest(node: _Node, k: int) -> list[int]:
     return [int(a) + 1 for a in order if torch.isfinite(logits[a])]
 
 
-def _score(nodes: list[_Node], policy: GraphPolicy, featurize: Any, c0: float) -> None:
-    """Encode `nodes` in one batched forward pass: each node's distribution, and its score achieved + V."""
-    metas = [observe(n.env, featurize) for n in nodes]
+def _score(nodes: list[_Node], policy: GraphPolicy, featurize: Any, c0: float,
+           deadline: float = float("inf")) -> list[_Node]:
+    """Encode `nodes` in one batched forward pass: each node's distribution, and its score achieved + V.
+    Observing a wide beam's children of a large graph takes seconds: those not observed by `deadline` are
+    dropped. Returns the scored nodes."""
+    metas = []
+    for n in nodes:
+        if metas and time.perf_counter() >= deadline:
+            nodes = nodes[:len(metas)]
+            break
+        metas.append(observe(n.env, featurize))
     with torch.no_grad():
         dist, value = policy(type(metas[0]).collate(metas) if len(metas) > 1 else metas[0])
     for i, n in enumerate(nodes):
         start, count = int(dist.start[i]), int(dist.counts[i])
         n.dist = _Slice(dist.log_probs[start:start + count])
         n.score = 100.0 * (c0 - n.env.cost) / c0 + float(value[i])
+    return nodes
 
 
 @dataclass
