@@ -12,13 +12,19 @@ left to give:
         scored  achieved(s') + V(s')         achieved: the reward collected so far, 100 * (c0 - c) / c0
         beam <- the `width` best scored children
     stop when `patience` depths pass without the beam finding a state cheaper than it had found
-    then again, twice as wide and trying twice as many rewrites per state, while the budget lasts
+    then again, twice as wide and trying twice as many rewrites per state, while the budget lasts;
+    once a pass sees no more states than the one before (the space under the prior's top choices
+    is exhausted), the next ones allow steeper climbs: alpha's margin doubles (1.1, 1.2, 1.4, ...)
     return the cheapest graph seen, the argmax rollout's included
 
 The argmax rollout runs first, so the search never returns worse than argmax; the children of a
 depth are encoded in one batched forward pass. With a prior that has learned which uphill rewrite
 pays off (an enlargement before a merge) the beam follows it where greedy and a cost-ranked beam
-drop it. Deterministic where the budget does not bind: no sampling, ties go to the engine's candidate order.
+drop it. Relaxing alpha only once the space is exhausted matters on small graphs whose best sequence
+climbs steeply first: merging a decoding-step LoRA adapter, x A B -> x (A B), turns two thin GEMVs into
+a full one (about 1.5x the cost of the graph) before x W + x (A B) = x (W + A B) removes it; large graphs
+spend their budget widening at the first alpha. Deterministic where the budget does not bind: no
+sampling, ties go to the engine's candidate order.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from xrl.rl.rollout import observe, uphill_paid_off
 WIDTH, EXPAND, ALPHA = 4, 4, 1.1
 # Depths without a new best before a pass stops: the beam wanders uphill for at most this long.
 PATIENCE = 8
+SCORE_BATCH = 32  # states per forward pass when scoring children
 MAX_EXPAND = 32  # widening doubles the rewrites tried per state up to this
+MAX_ALPHA = 8.0  # relaxing stops here: a climb to 8x the parent's cost is not a step on any useful path
 
 
 @dataclass
@@ -55,7 +63,7 @@ class _Node:
 
 def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,
                   horizon: int = 50, width: int = WIDTH, expand: int = EXPAND, alpha: float = ALPHA,
-                  patience: int = PATIENCE, time_limit: float | None = None, max_candidates: int | None = None,
+                  patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None, max_candidates: int | None = None,
                   featurize: FeatureCache | IncrementalFeatures | None = None) -> PolicyRun:
     """The cheapest graph the argmax rollout or the policy-guided beam reached within `time_limit` seconds."""
     if width < 1 or expand < 1:
@@ -76,17 +84,19 @@ def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, e
     c0 = env.cost0
     best = _Best(first.cost, first.graph, list(first.steps), first.uphill_paid_off)
     passes = []
-    # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts
-    # and a pass still sees something new (a pass that explored no more states than the last one has
-    # seen the whole space reachable under the prior's top choices).
-    while time.perf_counter() < deadline and (width, expand) not in passes:
-        passes.append((width, expand))
+    # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
+    # A pass that explored no more states than the last one has seen the whole space reachable under
+    # the prior's top choices at this alpha: the next passes may climb more steeply.
+    while time.perf_counter() < deadline and (width, expand, alpha) not in passes:
+        passes.append((width, expand, alpha))
         explored = _beam_pass(env, c0, policy, featurize, best, width=width, expand=expand, alpha=alpha,
                               patience=patience, deadline=deadline)
         env_steps += explored
         states += explored
         if len(passes) > 1 and explored <= last:
-            break
+            if alpha >= max_alpha:
+                break
+            alpha = min(max_alpha, 1 + max(2 * (alpha - 1), 0.1))
         last = explored
         width, expand = width * 2, min(expand * 2, MAX_EXPAND)
     return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, time.perf_counter() - t0,
@@ -149,22 +159,24 @@ def _likeliest(node: _Node, k: int) -> list[int]:
 
 def _score(nodes: list[_Node], policy: GraphPolicy, featurize: Any, c0: float,
            deadline: float = float("inf")) -> list[_Node]:
-    """Encode `nodes` in one batched forward pass: each node's distribution, and its score achieved + V.
-    Observing a wide beam's children of a large graph takes seconds: those not observed by `deadline` are
-    dropped. Returns the scored nodes."""
-    metas = []
-    for n in nodes:
-        if metas and time.perf_counter() >= deadline:
-            nodes = nodes[:len(metas)]
+    """Encode `nodes` in batched forward passes of SCORE_BATCH states: each node's distribution, and its
+    score achieved + V. Observing and encoding a wide beam's children of a large graph takes seconds: a
+    batch not started by `deadline` is dropped, so the search ends within about one batch of its budget.
+    Returns the scored nodes."""
+    scored: list[_Node] = []
+    for lo in range(0, len(nodes), SCORE_BATCH):
+        if scored and time.perf_counter() >= deadline:
             break
-        metas.append(observe(n.env, featurize))
-    with torch.no_grad():
-        dist, value = policy(type(metas[0]).collate(metas) if len(metas) > 1 else metas[0])
-    for i, n in enumerate(nodes):
-        start, count = int(dist.start[i]), int(dist.counts[i])
-        n.dist = _Slice(dist.log_probs[start:start + count])
-        n.score = 100.0 * (c0 - n.env.cost) / c0 + float(value[i])
-    return nodes
+        batch = nodes[lo:lo + SCORE_BATCH]
+        metas = [observe(n.env, featurize) for n in batch]
+        with torch.no_grad():
+            dist, value = policy(type(metas[0]).collate(metas) if len(metas) > 1 else metas[0])
+        for i, n in enumerate(batch):
+            start, count = int(dist.start[i]), int(dist.counts[i])
+            n.dist = _Slice(dist.log_probs[start:start + count])
+            n.score = 100.0 * (c0 - n.env.cost) / c0 + float(value[i])
+        scored.extend(batch)
+    return scored
 
 
 @dataclass
@@ -172,4 +184,4 @@ class _Slice:
     log_probs: torch.Tensor  # one state's log-probabilities, action order
 
 
-__all__ = ["ALPHA", "EXPAND", "PATIENCE", "WIDTH", "guided_search"]
+__all__ = ["ALPHA", "EXPAND", "MAX_ALPHA", "PATIENCE", "WIDTH", "guided_search"]
