@@ -150,6 +150,20 @@ def _selection_key(val_graphs: Sequence[str]) -> str:
     return "eval_val_speedup_mean" if val_graphs else "eval_speedup_mean"
 
 
+def _init_weights(policy: GraphPolicy, pcfg: PolicyConfig, source: str) -> None:
+    """Start from the weights of a policy file (`default`: the shipped one): fine-tuning, as opposed to
+    resuming, gets a fresh optimizer, update count and history. The network must be the same."""
+    from xrl.rl.checkpoint import default_policy_path
+
+    path = default_policy_path() if source == "default" else Path(source)
+    ckpt = load_checkpoint(path)
+    theirs = dataclasses.replace(PolicyConfig.from_dict(ckpt["policy_config"]), incremental=pcfg.incremental)
+    if theirs != pcfg:
+        raise ConfigError(f"init_from={source}: its network ({theirs.encoder}, use_hints={theirs.use_hints}) differs "
+                          f"from model= ({pcfg.encoder}, use_hints={pcfg.use_hints}); set model to match it")
+    policy.load_state_dict(ckpt["model"])
+
+
 def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     """Train a policy as `cfg` says (see conf/train.yaml), writing checkpoints and logs under `out_dir`."""
     c = json.loads(json.dumps(_plain(cfg), default=str))  # plain values only: checkpoints load weights_only
@@ -185,7 +199,11 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     optimizer = torch.optim.Adam(policy.parameters(), lr=ppo.lr, eps=1e-5)
     start, env_steps, history, wandb_id = 0, 0, [], None
     best_score = -math.inf
-    resume = c.get("resume")
+    resume, init_from = c.get("resume"), c.get("init_from")
+    if resume and init_from:
+        raise ConfigError("set resume (continue a run) or init_from (start a new run from a policy's weights), not both")
+    if init_from:
+        _init_weights(policy, pcfg, init_from)
     if resume:
         ckpt = load_checkpoint(resume)
         if "optimizer" not in ckpt or "rng" not in ckpt:
