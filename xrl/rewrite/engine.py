@@ -316,8 +316,9 @@ class RewriteEngine:
         for matcher in self._matchers:
             if past_deadline():
                 self.timed_out += 1
-                log.info("candidate enumeration stopped at the time limit (%d candidates, before rule %s)",
-                         len(out), matcher.rule.name)
+                if self.timed_out == 1:  # once: a search past its deadline would log this for every state it sees
+                    log.info("candidate enumeration stopped at the time limit (%d candidates, before rule %s)",
+                             len(out), matcher.rule.name)
                 break
             node_sets: set[frozenset[str]] = set()
             for match in matcher.matches(index):
