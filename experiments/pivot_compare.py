@@ -9,7 +9,7 @@ import csv
 import math
 import sys
 
-METHODS = ("rl", "taso", "tensat", "greedy", "random")
+from xrl.search.compare import METHODS
 
 
 def main(path: str) -> None:

@@ -6,14 +6,17 @@ import argparse
 import sys
 
 from xrl.cli.output import format_table, print_json
+from xrl.search.compare import METHODS, SUITES
+
+DEFAULT_METHODS = "rl,taso,tensat,greedy,random"  # beam and exhaustive on request: exhaustive runs to its cap
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run search methods on built-in graphs and tabulate verified speedups")
     p.add_argument("--graphs", default="small", metavar="NAMES|SUITE",
-                   help="comma-separated built-in graph names, or a suite: xrlflow, taso, small, all (default small)")
-    p.add_argument("--methods", default="rl,taso,tensat,greedy,random", metavar="M1,M2,...",
-                   help="comma-separated methods from rl, taso, tensat, greedy, random (default all)")
+                   help=f"comma-separated built-in graph names, or a suite: {', '.join(SUITES)} (default small)")
+    p.add_argument("--methods", default=DEFAULT_METHODS, metavar="M1,M2,...",
+                   help=f"comma-separated methods from {', '.join(METHODS)} (default {DEFAULT_METHODS})")
     from xrl.cost.targets import TARGETS
 
     p.add_argument("--target", default="paper", choices=(*TARGETS, "auto"),
