@@ -52,7 +52,8 @@ def test_an_episode_through_xrl_serve_equals_the_in_process_run(client):
     assert "decisions relayed" in run.stderr and "served" in run.stderr
 
 
-def test_an_exported_policy_served_through_the_c_client_equals_search_rl(client, tmp_path):
+@pytest.mark.parametrize("server", ["xrl", "xrl.policies.release"])  # `xrl serve`, and the onnxruntime-only server
+def test_an_exported_policy_served_through_the_c_client_equals_search_rl(client, tmp_path, server):
     from xrl.cost import get_cost_model
     from xrl.env import resolve_graph
     from xrl.policies.export import export_onnx
@@ -62,7 +63,7 @@ def test_an_exported_policy_served_through_the_c_client_equals_search_rl(client,
     policy = tmp_path / "default.onnx"
     export_onnx(default_policy_path(), policy)
     run = _run(client, "--graph", "mlp", "--observation", "release", "--max-candidates", "32",
-               "--server-module", "xrl.policies.release", "--policy", str(policy), "--timeout", "60")
+               "--server-module", server, "--policy", str(policy), "--timeout", "60")
     assert run.returncode == 0, run.stderr
     served = json.loads(run.stdout)
     theirs = rl_search(resolve_graph("mlp"), get_cost_model("analytic"), mode="argmax")  # the checkpoint

@@ -57,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="answer an external optimiser's decisions over two named pipes (MLGO style)")
     sv.add_argument("--in", dest="in_path", required=True, metavar="PIPE", help="observations arrive here")
     sv.add_argument("--out", dest="out_path", required=True, metavar="PIPE", help="advice is written here")
-    sv.add_argument("--policy", default="hint", metavar="hint|MODEL.zip",
-                    help="hint: the lowest estimated cost change (no weights); or a MaskablePPO model saved by "
-                    "sb3-contrib (default hint)")
+    sv.add_argument("--policy", default="hint", metavar="hint|MODEL.zip|POLICY.onnx",
+                    help="hint: the lowest estimated cost change (no weights); a MaskablePPO model saved by "
+                    "sb3-contrib; or a policy exported by `xrl policy export` (observations are its padded "
+                    "inputs, as `--observation release` of clients/c sends them) (default hint)")
     sv.add_argument("--timeout", type=float, default=60.0, help="seconds a message may stall (default 60)")
     sv.set_defaults(func=cmd_serve)
 
@@ -174,6 +175,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.policy != "hint":
         if not Path(args.policy).exists():
             raise ConfigError(f"no such policy file: {args.policy}")
+    if args.policy.endswith(".onnx"):  # an exported policy: onnxruntime only (xrl.policies.release)
+        from xrl.policies.release import ReleasePolicy, pipe_policy
+
+        policy = pipe_policy(ReleasePolicy(args.policy))
+    elif args.policy != "hint":
         from sb3_contrib import MaskablePPO
 
         model = MaskablePPO.load(args.policy, device="cpu")
