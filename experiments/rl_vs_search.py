@@ -1,7 +1,8 @@
 """RL against search: policies trained with a warm start from search teachers, over seeds, on held-out graphs.
 
 For each variant (`hints`: the env's per-candidate estimates as features, the default; `graphs-only`:
-the X-RLflow setting, `model.use_hints=false`) and each seed:
+the X-RLflow setting, `model.use_hints=false`; `finetune`: the shipped network fine-tuned for the
+default target, see FINETUNE; `shipped`: xrl/policies/default.pt as it is) and each seed:
 
     train   xrl train graphs=headroom cost=target imitation.teachers=[beam,greedy] seed=S ...
             (behaviour cloning from the teachers' trajectories, then PPO; best.pt chosen on the validation
@@ -40,13 +41,22 @@ from xrl.cli.rl_commands import CONF_DIR
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headroom import TIME_LIMITS  # noqa: E402 - the searches' limits: RL gets TASO's
 
-# "shipped": the policy in xrl/policies/ as it is (not retrained), for reference.
-VARIANTS = {"hints": ["model.use_hints=true"], "graphs-only": ["model.use_hints=false"], "shipped": []}
-# The training recipe of the shipped policy (see README, "The RL agent").
+# The recipes (Hydra overrides of `xrl train`; `--updates` overrides their PPO updates).
+# hints / graphs-only: a fresh network, warm-started from beam and greedy, then PPO (model.use_hints apart).
 TRAIN = ["graphs=headroom", "cost=target", "cost.device=cpu", "imitation.teachers=[beam,greedy]",
          "imitation.epochs=40", "imitation.lr=0.003", "imitation.time_limit=15", "env.horizon=20",
          "model.hidden=32", "model.layers=2", "algo.update_epochs=2", "algo.lr=0.0002", "episodes_per_worker=2",
-         "eval_every=2", "workers=2", "logger=none", "progress=false"]
+         "eval_every=2", "workers=2", "logger=none", "progress=false", "updates=6"]
+# finetune: the shipped network fine-tuned for the default target (init_from=default): cloned from the
+# best of its own guided search (one step of expert iteration), beam and exhaustive search, then PPO.
+FINETUNE = ["init_from=default", "model.hidden=32", "model.heads=2", "model.layers=2", "graphs=headroom",
+            "graphs.eval=[]", "cost=target", "cost.device=cpu", "env.horizon=20", "env.max_candidates=32",
+            "imitation.teachers=[rl,beam,exhaustive]", "imitation.time_limit=15", "imitation.epochs=10",
+            "imitation.lr=0.0003", "algo.lr=0.0002", "algo.minibatch_size=16", "updates=12", "workers=2",
+            "episodes_per_worker=2", "eval_every=2", "checkpoint_every=2", "logger=none", "progress=false"]
+# "shipped": the policy in xrl/policies/ as it is (not retrained), for reference.
+VARIANTS = {"hints": [*TRAIN, "model.use_hints=true"], "graphs-only": [*TRAIN, "model.use_hints=false"],
+            "finetune": FINETUNE, "shipped": None}
 SEARCHES = ("greedy", "beam", "taso", "tensat", "exhaustive")
 FIELDS = ["variant", "seed", "graph", "split", "mode", "status", "speedup", "time_s", "rewrites", "verified"]
 
@@ -58,26 +68,30 @@ def split_of() -> dict[str, str]:
     return {**{g: "train" for g in cfg.train}, **{g: "val" for g in cfg.val}, **{g: "held-out" for g in cfg.eval}}
 
 
-def train_seed(variant: str, seed: int, updates: int, out: Path) -> Path:
+def recipe(variant: str, seed: int, updates: int | None) -> list[str]:
+    return [*VARIANTS[variant], f"seed={seed}", *([f"updates={updates}"] if updates is not None else [])]
+
+
+def train_seed(variant: str, seed: int, updates: int | None, out: Path) -> Path:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from xrl.rl.train import train
 
-    if variant == "shipped":
+    if VARIANTS[variant] is None:
         from xrl.rl.checkpoint import default_policy_path
 
         return default_policy_path()
     best = out / "best.pt"
     if best.exists():
         return best
-    overrides = [*TRAIN, *VARIANTS[variant], f"seed={seed}", f"updates={updates}"]
+    overrides = recipe(variant, seed, updates)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
     t0 = time.perf_counter()
     summary = train(cfg, out)
-    print(f"trained {variant} seed {seed}: {updates} updates in {(time.perf_counter() - t0) / 60:.1f} min "
-          f"({' '.join(overrides)})", file=sys.stderr, flush=True)
+    print(f"trained {variant} seed {seed} in {(time.perf_counter() - t0) / 60:.1f} min ({' '.join(overrides)})",
+          file=sys.stderr, flush=True)
     return summary.best_checkpoint or summary.last_checkpoint
 
 
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="ort-cpu", choices=sorted(TIME_LIMITS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--variants", default="hints", help="comma list of: " + ", ".join(VARIANTS))
-    p.add_argument("--updates", type=int, default=6, help="PPO updates after the warm start")
+    p.add_argument("--updates", type=int, help="PPO updates after the warm start (default: the recipe's)")
     p.add_argument("--modes", default="guided,argmax")
     p.add_argument("--graphs", help="evaluate only these (comma list); default: the whole split")
     p.add_argument("--out", default="experiments/results/rl_vs_search")
@@ -210,12 +224,15 @@ def main(argv: list[str] | None = None) -> int:
                         w.writerow(row)
                     print(f"[{time.perf_counter() - t0:6.0f} s] {variant} seed {seed} {g} {mode}: {rec.status} "
                           f"{rec.speedup:.3f}x in {rec.time_s:.1f} s {rec.error}", file=sys.stderr, flush=True)
-    header = (f"Target `{args.target}` (generic cpu profile: XRL_NO_CALIBRATION=1). RL: best.pt of `xrl train "
-              f"{' '.join(TRAIN)} updates={args.updates} seed=S` (+ model.use_hints per variant), chosen on the "
-              f"validation graphs; `--search rl` guided within {limit:g} s (TASO's limit in the searches' table) "
-              "and argmax. Searches: experiments/headroom.py. Every result verified under onnxruntime. Command: "
-              f"`XRL_NO_CALIBRATION=1 .venv/bin/python experiments/rl_vs_search.py --baselines {args.baselines} "
-              f"--seeds {args.seeds} --variants {args.variants} --updates {args.updates} --out {args.out}`.")
+    trained = [v for v in variants if VARIANTS[v] is not None]
+    header = (f"Target `{args.target}` (generic cpu profile: XRL_NO_CALIBRATION=1). RL: best.pt, chosen on the "
+              "validation graphs, of `xrl train` with, per variant: "
+              + "; ".join(f"{v}: `{' '.join(recipe(v, 0, args.updates)).replace('seed=0', 'seed=S')}`" for v in trained)
+              + f"; seeds {args.seeds}. `--search rl` guided within {limit:g} s (TASO's limit in the searches' "
+              "table) and argmax. Searches: experiments/headroom.py. Every result verified under onnxruntime. "
+              f"Command: `XRL_NO_CALIBRATION=1 .venv/bin/python experiments/rl_vs_search.py --baselines "
+              f"{args.baselines} --seeds {args.seeds} --variants {args.variants}"
+              + (f" --updates {args.updates}" if args.updates is not None else "") + f" --out {args.out}`.")
     text = summarise(rows, read_rows(Path(args.baselines)), split, variants, header)
     (out / "rl_vs_search.md").write_text(text + "\n")
     print(text)
