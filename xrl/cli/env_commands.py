@@ -140,19 +140,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from importlib import resources
+    from dataclasses import replace
 
-    from xrl.env.pass_order import evaluate_orders, geomean, greedy_policy, random_policy
-    from xrl.frontends.loader import load_model
+    from xrl.env.pass_order import evaluate_orders, geomean, greedy_policy, random_policy, suite_graphs
     from xrl.search.compare import resolve_graphs
 
-    graphs: list = list(resolve_graphs(args.graphs))
-    if args.hlo:
-        hlo_dir = resources.files("xrl.graphs") / "hlo"
-        graphs += [load_model(str(p)).graph for p in sorted(hlo_dir.iterdir(), key=lambda p: p.name)
-                   if p.name.endswith(".hlo")]
+    labelled = suite_graphs(resolve_graphs(args.graphs), hlo=args.hlo)  # HLO fixtures as hlo/NAME
     choose = greedy_policy if args.agent == "greedy" else random_policy(args.seed)
-    results = evaluate_orders(graphs, choose)
+    results = [replace(r, graph=label) for r, (label, _) in
+               zip(evaluate_orders([g for _, g in labelled], choose), labelled, strict=True)]
     gm = geomean([r.improvement for r in results])
     if args.json:
         from dataclasses import asdict

@@ -304,3 +304,19 @@ def evaluate_orders(graphs: Sequence[Graph | str], choose: Policy, **env_kwargs:
 
 def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def suite_graphs(names: Sequence[str], hlo: bool) -> list[tuple[str, Any]]:
+    """(label, Graph) for built-in graph names and, with `hlo`, the HLO fixtures shipped with xrl (hlo/NAME)."""
+    from importlib import resources
+
+    from xrl.env.graph_rewrite import resolve_graph
+    from xrl.frontends.loader import load_model
+
+    out = [(n, resolve_graph(n)) for n in names]
+    if hlo:
+        hlo_dir = resources.files("xrl.graphs") / "hlo"
+        for p in sorted(hlo_dir.iterdir(), key=lambda p: p.name):
+            if p.name.endswith(".hlo"):
+                out.append((f"hlo/{p.name[:-4]}", load_model(str(p)).graph))
+    return out

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from xrl.env.pass_order import PASSES, PassOrderingEnv, default_order, run_order
+from xrl.env.pass_order import PASSES, PassOrderingEnv, default_order, run_order, suite_graphs  # noqa: F401 - callers import suite_graphs from here too
 from xrl.errors import ConfigError
 from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state
 from xrl.rl.loggers import make_logger, plot_learning_curves
@@ -347,22 +347,6 @@ def train_passes(c: dict[str, Any], out_dir: str | Path) -> TrainSummary:
 
 
 # ----- evaluation (xrl eval --env pass_ordering) ---------------------------------------------------
-def suite_graphs(names: Sequence[str], hlo: bool) -> list[tuple[str, Any]]:
-    """(label, Graph) for built-in graph names and, with `hlo`, the HLO fixtures shipped with xrl (hlo/NAME)."""
-    from importlib import resources
-
-    from xrl.env.graph_rewrite import resolve_graph
-    from xrl.frontends.loader import load_model
-
-    out = [(n, resolve_graph(n)) for n in names]
-    if hlo:
-        hlo_dir = resources.files("xrl.graphs") / "hlo"
-        for p in sorted(hlo_dir.iterdir(), key=lambda p: p.name):
-            if p.name.endswith(".hlo"):
-                out.append((f"hlo/{p.name[:-4]}", load_model(str(p)).graph))
-    return out
-
-
 def evaluate_passes(policy_path: str | None, graphs: Sequence[tuple[str, Any]], *, horizon: int | None = None,
                     device: str = "h100") -> dict[str, Any]:
     """Per graph: op counts at the start, after the default order and after the agent's order, the
