@@ -159,3 +159,27 @@ def test_init_from_starts_a_run_from_a_policys_weights_and_checks_the_network(sh
     with pytest.raises(ConfigError, match="not both"):
         train({"updates": 1, "algo": {}, "model": {"kind": "gat"}, "graphs": {"train": ["mlp"]},
                "resume": "x.pt", "init_from": "default"}, tmp_path)
+
+
+def test_fine_tuning_rehearses_the_teachers_and_keeps_the_starting_policy_as_a_candidate(shipped, tmp_path, capsys):
+    """init_from=default evaluates the shipped policy as update 0 (best.pt until a later update does as well on
+    the validation graphs); imitation.rehearse clones the demonstrations again after every PPO update."""
+    import json
+
+    from xrl.cli import main
+    from xrl.rl.checkpoint import load_checkpoint
+
+    code = main(["train", "init_from=default", "model.hidden=32", "model.heads=2", "model.layers=2",
+                 "graphs.train=[lora_tiny]", "graphs.val=[mlp]", "graphs.eval=[]", "imitation.teachers=[greedy]",
+                 "imitation.epochs=1", "imitation.rehearse=1", "env.horizon=8", "env.max_candidates=32",
+                 "episodes_per_worker=1", "algo.minibatch_size=4", "algo.update_epochs=1", "updates=1", "workers=0",
+                 "logger=none", "progress=false", f"hydra.run.dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().out
+    rows = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["update"] == 0 and "eval_val_speedup_mean" in rows[0]
+    assert rows[-1]["update"] == 1 and rows[-1]["rehearse_nll"] >= 0
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["update"] == (0 if rows[0]["eval_val_speedup_mean"] > rows[-1]["eval_val_speedup_mean"] else 1)
+    code = main(["train", "graphs.train=[mlp]", "imitation.rehearse=1", "updates=1", "logger=none",
+                 "progress=false", f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert code == 2 and "rehearse needs" in capsys.readouterr().err

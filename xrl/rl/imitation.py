@@ -50,6 +50,8 @@ class ImitationConfig:
     minibatch_size: int = 32
     vf_coef: float = 0.5
     time_limit: float = 60.0  # seconds per teacher run
+    rehearse: int = 0  # epochs of cloning after every PPO update (DAPG-style): PPO's samples rarely finish a
+    # teacher's long sequence (20 BatchNorm folds before a merge), and without this it unlearns it
     teacher_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # e.g. {beam: {width: 16}}
 
 
@@ -114,8 +116,10 @@ def replay(env: Any, graph: Any, name: str, teacher: str, steps: Sequence[str], 
 
 
 def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationConfig, *, seed: int = 0,
-          progress: bool = False) -> list[dict[str, float]]:
-    """Fit `policy` to the demonstrations; returns per-epoch loss, accuracy (argmax = teacher) and value error."""
+          progress: bool = False, epochs: int | None = None,
+          optimizer: torch.optim.Optimizer | None = None) -> list[dict[str, float]]:
+    """Fit `policy` to the demonstrations for `epochs` (default cfg.epochs) with `optimizer` (default a fresh
+    Adam at cfg.lr); returns per-epoch loss, accuracy (argmax = teacher) and value error."""
     obs = [o for d in demos for o in d.obs]
     if not obs:
         raise ConfigError("no demonstration states to imitate: the teachers found no rewrites on the training graphs")
@@ -124,10 +128,10 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
     sigma = max(float(returns.std()) if len(returns) > 1 else 1.0, 1.0)
     collate = type(obs[0]).collate
     rng = np.random.default_rng(seed)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+    opt = optimizer if optimizer is not None else torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
     policy.train()
     history = []
-    for epoch in range(cfg.epochs):
+    for epoch in range(cfg.epochs if epochs is None else epochs):
         t0 = time.perf_counter()
         order = rng.permutation(len(obs))
         total = correct = sq = 0.0
@@ -161,8 +165,9 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
 
 
 def warm_start(policy: GraphPolicy, graphs: Mapping[str, Any], cost: CostModel, env_kwargs: Mapping[str, Any],
-               cfg: ImitationConfig, *, seed: int = 0) -> dict[str, Any]:
-    """Teachers on `graphs`, their best trajectories replayed and cloned into `policy`; a report of it all."""
+               cfg: ImitationConfig, *, seed: int = 0) -> tuple[dict[str, Any], list[Demonstration]]:
+    """Teachers on `graphs`, their best trajectories replayed and cloned into `policy`: a report of it all, and
+    the demonstrations (for `rehearse`)."""
     from xrl.env import GraphRewriteEnv
 
     t0 = time.perf_counter()
@@ -173,9 +178,11 @@ def warm_start(policy: GraphPolicy, graphs: Mapping[str, Any], cost: CostModel, 
              for name, (teacher, steps, speedup) in runs.items()]
     teach_s = time.perf_counter() - t0
     history = clone(policy, demos, cfg, seed=seed, progress=True)
-    return {"teachers": {d.graph: {"teacher": d.teacher, "speedup": d.speedup, "states": len(d.obs)} for d in demos},
-            "states": sum(len(d.obs) for d in demos), "teacher_s": teach_s,
-            "clone_s": time.perf_counter() - t0 - teach_s, "history": history}
+    report = {"teachers": {d.graph: {"teacher": d.teacher, "speedup": d.speedup, "states": len(d.obs)}
+                           for d in demos},
+              "states": sum(len(d.obs) for d in demos), "teacher_s": teach_s,
+              "clone_s": time.perf_counter() - t0 - teach_s, "history": history}
+    return report, demos
 
 
 __all__ = ["Demonstration", "ImitationConfig", "TEACHERS", "clone", "replay", "teacher_runs", "warm_start"]

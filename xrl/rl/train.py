@@ -221,13 +221,20 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     if start >= updates:
         raise ConfigError(f"the run already has {start} updates; raise `updates` above {start} to train further")
     imitation = imitation_config(c.get("imitation") or {})
+    initial = GraphPolicy(pcfg) if init_from and not resume else None  # evaluated as update 0 (below)
+    if initial is not None:
+        initial.load_state_dict(policy.state_dict())
+    demos: list = []
     if imitation.teachers and not resume:  # a resumed run was warm-started when it began
         from xrl.cost import get_cost_model
         from xrl.env import resolve_graph
 
-        report = warm_start(policy, {g: resolve_graph(g) for g in train_graphs},
-                            get_cost_model(spec.cost, device=spec.device), spec.env, imitation, seed=seed)
+        report, demos = warm_start(policy, {g: resolve_graph(g) for g in train_graphs},
+                                   get_cost_model(spec.cost, device=spec.device), spec.env, imitation, seed=seed)
         (out / "imitation.json").write_text(json.dumps(report, indent=1))
+    elif imitation.rehearse:
+        raise ConfigError("imitation.rehearse needs imitation.teachers (and is not available on resume)")
+    rehearsal = torch.optim.Adam(policy.parameters(), lr=imitation.lr, eps=1e-5) if imitation.rehearse else None
 
     log_cfg = c.get("logger", {}) or {}
     logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
@@ -240,8 +247,8 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     last_path, best_path = out / "last.pt", None
     t_start = time.perf_counter()
 
-    def checkpoint(path: Path, update: int) -> Path:
-        return save_checkpoint(path, policy, optimizer=optimizer, update=update, env_steps=env_steps,
+    def checkpoint(path: Path, update: int, net: GraphPolicy = policy) -> Path:
+        return save_checkpoint(path, net, optimizer=optimizer, update=update, env_steps=env_steps,
                                rng=rng_state(ppo_rng), config=c, history=history,
                                metadata={"wandb_id": run_id, "best_score": best_score,
                                          "train_graphs": list(train_graphs), "val_graphs": list(val_graphs),
@@ -252,7 +259,15 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     bar = tqdm(range(start, updates), initial=start, total=updates, desc="train", unit="update",
                disable=not c.get("progress", True), dynamic_ncols=True)
     collector = make_collector(spec, _typed("workers", c.get("workers", 2), 0), c.get("collector"))
+    eval_graphs_all = list(dict.fromkeys(train_graphs + val_graphs + eval_graphs))
     try:
+        if initial is not None:  # fine-tuning: the policy it starts from is a candidate for best.pt too
+            metrics = {**_eval_metrics(collector.evaluate(initial.state_dict(), eval_graphs_all), train_graphs,
+                                       val_graphs), "time_s": time.perf_counter() - t_start}
+            history.append({"update": 0, **metrics})
+            logger.log(metrics, 0)
+            best_score = metrics.get(_selection_key(val_graphs), -math.inf)
+            best_path = checkpoint(out / "best.pt", 0, initial)
         for update in bar:
             if ppo.anneal_lr:
                 for group in optimizer.param_groups:
@@ -260,6 +275,11 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
             rollout = collector.collect(policy.state_dict(), update)
             t_upd = time.perf_counter()
             stats = ppo_update(policy, optimizer, rollout.to_batch(), ppo, ppo_rng)
+            if rehearsal is not None:  # the teachers' sequences again, so that PPO does not unlearn them
+                from xrl.rl.imitation import clone
+
+                stats["rehearse_nll"] = clone(policy, demos, imitation, seed=seed + update + 1,
+                                              epochs=imitation.rehearse, optimizer=rehearsal)[-1]["nll"]
             env_steps += len(rollout)
             metrics = {**_episode_metrics(rollout.episodes), **stats, "env_steps": float(env_steps),
                        "states": float(len(rollout)), "steps_per_s": len(rollout) / max(rollout.collect_s, 1e-9),
@@ -268,8 +288,7 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
             done = update + 1
             evaluated = (eval_every and done % eval_every == 0) or done == updates
             if evaluated:
-                records = collector.evaluate(policy.state_dict(),
-                                             list(dict.fromkeys(train_graphs + val_graphs + eval_graphs)))
+                records = collector.evaluate(policy.state_dict(), eval_graphs_all)
                 metrics.update(_eval_metrics(records, train_graphs, val_graphs))
             metrics["time_s"] = time.perf_counter() - t_start
             history.append({"update": done, **metrics})
