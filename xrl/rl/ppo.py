@@ -14,7 +14,13 @@ and values under the policy that acted, rewards r_t, and d_t = 1 where s_t's ste
 
 for `update_epochs` passes over shuffled minibatches of states (A normalised per minibatch),
 gradients clipped to `max_grad_norm`, stopping early once the approximate KL passes `target_kl`.
-A minibatch is any number of states: their meta-graphs are collated into one disjoint union.
+A minibatch is any number of states: their meta-graphs are collated into one disjoint union,
+`encode_chunk` states at a time. Every term of L is a mean over the minibatch's states, so
+
+    L = sum_k (n_k / n) L_k        (L_k: the same terms over chunk k's n_k states, A normalised over all n)
+
+and the chunks' gradients, accumulated, are the minibatch's: the same update (up to float rounding)
+with one chunk's autograd graph alive at a time, not the whole minibatch's (the peak memory of training).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class PPOConfig:
     clip_vloss: bool = True
     target_kl: float | None = None
     anneal_lr: bool = False
+    encode_chunk: int = 2  # states encoded per forward/backward pass within a minibatch (0: the whole minibatch)
 
 
 def compute_gae(rewards: Tensor, values: Tensor, dones: Tensor, gamma: float, lam: float,
@@ -76,11 +83,21 @@ class PPOLosses:
     clip_fraction: Tensor
 
 
-def ppo_losses(new_logp: Tensor, old_logp: Tensor, advantages: Tensor, new_value: Tensor, old_value: Tensor,
-               returns: Tensor, entropy: Tensor, cfg: PPOConfig) -> PPOLosses:
-    """The clipped surrogate, value and entropy terms of one minibatch (see the module docstring)."""
+def normalize_advantages(advantages: Tensor, cfg: PPOConfig) -> Tensor:
+    """A minibatch's advantages, standardised if `cfg.norm_adv` (and there is more than one)."""
     if cfg.norm_adv and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    return advantages
+
+
+def ppo_losses(new_logp: Tensor, old_logp: Tensor, advantages: Tensor, new_value: Tensor, old_value: Tensor,
+               returns: Tensor, entropy: Tensor, cfg: PPOConfig, normalized: bool = False) -> PPOLosses:
+    """The clipped surrogate, value and entropy terms of one minibatch (see the module docstring).
+
+    `normalized`: the advantages are already normalised (over a minibatch this is a chunk of).
+    """
+    if not normalized:
+        advantages = normalize_advantages(advantages, cfg)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
@@ -125,16 +142,26 @@ def ppo_update(policy: GraphPolicy, optimizer: torch.optim.Optimizer, batch: Rol
         order = rng.permutation(T)
         for start in range(0, T, cfg.minibatch_size):
             idx = torch.as_tensor(order[start:start + cfg.minibatch_size], dtype=torch.long)
-            meta = type(batch.obs[0]).collate([batch.obs[i] for i in idx.tolist()])
-            dist, new_value = policy(meta)
-            losses = ppo_losses(dist.log_prob(batch.actions[idx]), batch.logp[idx], advantages[idx], new_value,
-                                batch.values[idx], returns[idx], dist.entropy(), cfg)
+            n = idx.numel()
+            adv = normalize_advantages(advantages[idx], cfg)
+            chunk = cfg.encode_chunk if cfg.encode_chunk > 0 else n
             optimizer.zero_grad()
-            losses.loss.backward()
+            sums = dict.fromkeys(stats, 0.0)
+            for c0 in range(0, n, chunk):
+                sub = idx[c0:c0 + chunk]
+                meta = type(batch.obs[0]).collate([batch.obs[i] for i in sub.tolist()])
+                dist, new_value = policy(meta)
+                losses = ppo_losses(dist.log_prob(batch.actions[sub]), batch.logp[sub], adv[c0:c0 + chunk],
+                                    new_value, batch.values[sub], returns[sub], dist.entropy(), cfg, normalized=True)
+                w = sub.numel() / n
+                (losses.loss * w if w != 1.0 else losses.loss).backward()
+                for k in sums:
+                    sums[k] += w * float(getattr(losses, k).detach())
+                del dist, new_value, losses, meta  # this chunk's autograd graph goes before the next is built
             nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             optimizer.step()
             for k in stats:
-                stats[k].append(float(getattr(losses, k).detach()))
+                stats[k].append(sums[k])
         epochs_run += 1
         if cfg.target_kl is not None and np.mean(stats["approx_kl"]) > cfg.target_kl:
             break
