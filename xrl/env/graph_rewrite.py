@@ -204,9 +204,11 @@ class GraphRewriteEnv(gym.Env):
         self.candidates = cands
         cap = self.max_candidates if self.max_candidates is not None else MAX_ACTIONS - 1
         if len(cands) > cap:
-            keep = np.argsort(self._hint_array(cands)[:, 0], kind="stable")[:cap]
-            self.candidates = [cands[i] for i in sorted(keep)]
-            self._hints = None
+            hints = self._hint_array(cands)
+            keep = sorted(np.argsort(hints[:, 0], kind="stable")[:cap])
+            self.candidates = [cands[i] for i in keep]
+            # the kept rows are the kept candidates' hints (each row is its own candidate's): not computed twice
+            self._hints = np.concatenate([np.zeros((1, CAND_DIM), np.float32), hints[keep]])
             # A cap someone configured (a training run, a policy's trained cap) is a choice: say it at INFO.
             # Only the built-in limit on actions, which nobody chose, is worth a warning.
             first = logging.WARNING if self.max_candidates is None else logging.INFO
