@@ -4,9 +4,11 @@
     .venv/bin/python experiments/bench_rl.py --compare [--rounds 2] [--out FILE]
 
 `--compare` measures the old candidate encoding (every candidate graph featurised and encoded whole,
-`model.incremental=false`) against the new one (each candidate from the region it changes), in one
-run, interleaved round by round: training environment steps/s and peak memory (`xrl train`, each run
-in its own process), and `--search rl` time with the shipped policy against greedy's.
+`model.incremental=false`, and PPO's minibatch encoded in one pass, `algo.encode_chunk=0`, as before)
+against the new one (each candidate from the region it changes, minibatches encoded 2 states at a
+time), in one run, interleaved round by round: training environment steps/s and peak memory (`xrl
+train`, each run in its own process), and `--search rl` time with the shipped policy against greedy's,
+on built-in graphs and `bert_base` (a BERT-base-size encoder exported from torch here, `bert_base_graph`).
 
 An env step is what `GraphRewriteEnv.step` does (apply a rewrite, re-cost it from its delta,
 enumerate the next candidates and their hints); actions are uniformly random rewrites (seeded).
@@ -102,6 +104,8 @@ def train_config(incremental: bool, graphs_: list[str], updates: int, episodes: 
                  f"episodes_per_worker={episodes}", f"env.horizon={horizon}", f"env.max_candidates={max_candidates}",
                  "eval_every=0", "checkpoint_every=0", "logger=none", "progress=false",
                  f"model.incremental={str(incremental).lower()}"]
+    if not incremental:  # the old path whole: the minibatch's states encoded in one forward/backward pass
+        overrides.append("+algo.encode_chunk=0")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 
@@ -120,6 +124,54 @@ def train_once(cfg: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+class _EncoderLayer(torch.nn.Module):
+    """A post-LayerNorm BERT encoder layer written out in plain ops (so that it exports as they are)."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = torch.nn.Linear(hidden, hidden)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.ff1, self.ff2 = torch.nn.Linear(hidden, ffn), torch.nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (lin(x).reshape(b, s, self.heads, h // self.heads).transpose(1, 2) for lin in self.qkv)
+        att = torch.softmax(q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5, dim=-1)
+        x = self.ln1(x + self.out((att @ v).transpose(1, 2).reshape(b, s, h)))
+        return self.ln2(x + self.ff2(torch.nn.functional.gelu(self.ff1(x))))
+
+
+def bert_base_graph(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, seq: int = 128):
+    """A BERT-base-size encoder (12 layers, hidden 768, 12 heads, FFN 3072; batch 1, 128 tokens; seeded
+    weights, no embeddings), built from torch.nn modules, exported with torch.onnx.export and imported."""
+    import tempfile
+
+    from xrl.frontends.onnx_io import load_onnx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(_EncoderLayer(hidden, heads, ffn) for _ in range(layers))).eval()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bert_base.onnx"
+        with torch.no_grad():
+            torch.onnx.export(model, (torch.randn(1, seq, hidden),), str(path), input_names=["x"],
+                              output_names=["y"], opset_version=17, dynamo=False)
+        return load_onnx(path, name="bert_base")
+
+
+_BUILT: dict[str, object] = {}
+
+
+def search_graph(name: str):
+    """A built-in graph, or `bert_base` (bert_base_graph, built once per process)."""
+    if name == "bert_base":
+        if name not in _BUILT:
+            _BUILT[name] = bert_base_graph()
+        return _BUILT[name]
+    return resolve_graph(name)
+
+
 def search_once(name: str, method: str, policy_path: Path) -> tuple[float, float]:
     """(search seconds, speedup) of greedy or the shipped policy (argmax, old or new encoding) on `name`."""
     from xrl.features.metagraph import FeatureCache
@@ -127,7 +179,7 @@ def search_once(name: str, method: str, policy_path: Path) -> tuple[float, float
     from xrl.search.greedy import greedy_search
     from xrl.search.rl_search import default_horizon
 
-    graph = resolve_graph(name)
+    graph = search_graph(name)
     cost = get_cost_model("analytic", device="h100")
     if method == "greedy":
         res = greedy_search(graph, cost)
@@ -181,10 +233,12 @@ def compare(args: argparse.Namespace) -> str:
                          rows)
     return (f"Old vs new candidate encoding, {args.rounds} interleaved rounds (training: steps/s over all rounds, "
             f"the largest peak; search: fastest round). Training: conf/train.yaml defaults (gat, hidden 64, "
-            f"3 layers, PPO 4 epochs, minibatch 32) on {'+'.join(train_graphs)}, {args.updates} update(s) of "
-            f"{args.episodes} episodes, horizon {args.train_horizon}, at most 32 candidates, workers=0 (one process, "
-            f"one torch thread); steps/s = env steps / (collection + PPO update time). Search: the shipped policy, "
-            f"argmax until it stops, analytic h100 cost.\n{table}")
+            f"3 layers, PPO 4 epochs, minibatch 32; old: the minibatch encoded in one pass, new: 2 states at a "
+            f"time) on {'+'.join(train_graphs)}, {args.updates} update(s) of {args.episodes} episodes, horizon "
+            f"{args.train_horizon}, at most 32 candidates, workers=0 (one process, one torch thread); steps/s = env "
+            f"steps / (collection + PPO update time). Search: the shipped policy, argmax until it stops, analytic "
+            f"h100 cost; bert_base: a BERT-base-size encoder (12 layers, hidden 768, 12 heads, 128 tokens) exported "
+            f"from torch.nn modules with torch.onnx.export.\n{table}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=1, help="--compare: PPO updates per training run")
     ap.add_argument("--episodes", type=int, default=2, help="--compare: episodes per update")
     ap.add_argument("--train-horizon", type=int, default=10, help="--compare: training episode length")
-    ap.add_argument("--search-graphs", default="bert,vit,inception_v3", help="--compare: graphs for --search rl")
+    ap.add_argument("--search-graphs", default="bert,vit,inception_v3,bert_base",
+                    help="--compare: graphs for --search rl (bert_base: bert_base_graph)")
     ap.add_argument("--out", help="--compare: also write the table to this file")
     ap.add_argument("--graphs", help="comma-separated built-in graphs (default: all)")
     ap.add_argument("--steps", type=int, default=20, help="env steps timed per graph")
