@@ -105,7 +105,7 @@ def train_config(incremental: bool, graphs_: list[str], updates: int, episodes: 
                  "eval_every=0", "checkpoint_every=0", "logger=none", "progress=false",
                  f"model.incremental={str(incremental).lower()}"]
     if not incremental:  # the old path whole: the minibatch's states encoded in one forward/backward pass
-        overrides.append("+algo.encode_chunk=0")
+        overrides.append("algo.encode_chunk=0")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
 

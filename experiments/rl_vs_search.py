@@ -2,7 +2,8 @@
 
 For each variant (`hints`: the env's per-candidate estimates as features, the default; `graphs-only`:
 the X-RLflow setting, `model.use_hints=false`; `finetune`: the shipped network fine-tuned for the
-default target, see FINETUNE; `shipped`: xrl/policies/default.pt as it is) and each seed:
+default target, see FINETUNE; `shipped`: the recipe of xrl/policies/default.pt,
+experiments/train_default_policy.py, whose seed 0 is the shipped file itself) and each seed:
 
     train   xrl train graphs=headroom cost=target imitation.teachers=[beam,greedy] seed=S ...
             (behaviour cloning from the teachers' trajectories, then PPO; best.pt chosen on the validation
@@ -22,7 +23,8 @@ greedy on every graph with headroom; on held-out graphs it is at least greedy.
         --out experiments/results/rl_vs_search
 
 Runs are resumable: a seed whose best.pt exists is not retrained, an evaluated (variant, seed, graph,
-mode) is not re-run. Writes rl_runs.csv and rl_vs_search.md to --out and prints the table.
+mode) is not re-run. Writes rl_runs.csv and rl_vs_search.md to --out and prints the table;
+`--report-only` rewrites the table from rl_runs.csv without running anything.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from xrl.cli.rl_commands import CONF_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headroom import TIME_LIMITS  # noqa: E402 - the searches' limits: RL gets TASO's
+from train_default_policy import OVERRIDES as SHIPPED_RECIPE  # noqa: E402
 
 # The recipes (Hydra overrides of `xrl train`; `--updates` overrides their PPO updates).
 # hints / graphs-only: a fresh network, warm-started from beam and greedy, then PPO (model.use_hints apart).
@@ -56,9 +59,11 @@ FINETUNE = ["init_from=default", "model.hidden=32", "model.heads=2", "model.laye
             "imitation.lr=0.0003", "imitation.rehearse=1", "algo.lr=0.0002", "algo.minibatch_size=16", "updates=40",
             "workers=2", "episodes_per_worker=2", "eval_every=4", "checkpoint_every=4", "logger=none",
             "progress=false"]
-# "shipped": the policy in xrl/policies/ as it is (not retrained), for reference.
+# shipped: the shipped policy's recipe (analytic `paper` cost, graphs=default: every headroom graph is new
+# to it, best.pt chosen on its training graphs). Seed 0 is xrl/policies/default.pt itself, not retrained.
+SHIPPED = [o for o in SHIPPED_RECIPE if not o.startswith("seed=")] + ["progress=false"]
 VARIANTS = {"hints": [*TRAIN, "model.use_hints=true"], "graphs-only": [*TRAIN, "model.use_hints=false"],
-            "finetune": FINETUNE, "shipped": None}
+            "finetune": FINETUNE, "shipped": SHIPPED}
 SEARCHES = ("greedy", "beam", "taso", "tensat", "exhaustive")
 FIELDS = ["variant", "seed", "graph", "split", "mode", "status", "speedup", "time_s", "rewrites", "verified"]
 
@@ -80,7 +85,7 @@ def train_seed(variant: str, seed: int, updates: int | None, out: Path) -> Path:
 
     from xrl.rl.train import train
 
-    if VARIANTS[variant] is None:
+    if variant == "shipped" and seed == 0:
         from xrl.rl.checkpoint import default_policy_path
 
         return default_policy_path()
@@ -192,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="guided,argmax")
     p.add_argument("--graphs", help="evaluate only these (comma list); default: the whole split")
     p.add_argument("--out", default="experiments/results/rl_vs_search")
+    p.add_argument("--report-only", action="store_true", help="rewrite the table from rl_runs.csv, run nothing")
+    p.add_argument("--train-only", action="store_true", help="train the seeds, evaluate nothing (evaluate later)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(runs_csv)
     done = {(r["variant"], r["seed"], r["graph"], r["mode"]) for r in rows}
     t0 = time.perf_counter()
-    for variant in variants:
+    for variant in [] if args.report_only else variants:
         for seed in [int(s) for s in args.seeds.split(",")]:
             policy = train_seed(variant, seed, args.updates, out / variant / f"seed_{seed}")
-            for g in graphs:
+            for g in [] if args.train_only else graphs:
                 for mode in args.modes.split(","):
                     if (variant, str(seed), g, mode) in done:
                         continue
@@ -226,14 +233,15 @@ def main(argv: list[str] | None = None) -> int:
                         w.writerow(row)
                     print(f"[{time.perf_counter() - t0:6.0f} s] {variant} seed {seed} {g} {mode}: {rec.status} "
                           f"{rec.speedup:.3f}x in {rec.time_s:.1f} s {rec.error}", file=sys.stderr, flush=True)
-    trained = [v for v in variants if VARIANTS[v] is not None]
-    header = (f"Target `{args.target}` (generic cpu profile: XRL_NO_CALIBRATION=1). RL: best.pt, chosen on the "
-              "validation graphs, of `xrl train` with, per variant: "
-              + "; ".join(f"{v}: `{' '.join(recipe(v, 0, args.updates)).replace('seed=0', 'seed=S')}`" for v in trained)
-              + f"; seeds {args.seeds}. `--search rl` guided within {limit:g} s (TASO's limit in the searches' "
-              "table) and argmax. Searches: experiments/headroom.py. Every result verified under onnxruntime. "
-              f"Command: `XRL_NO_CALIBRATION=1 .venv/bin/python experiments/rl_vs_search.py --baselines "
-              f"{args.baselines} --seeds {args.seeds} --variants {args.variants}"
+    seeds = {v: ", ".join(map(str, sorted({int(r["seed"]) for r in rows if r["variant"] == v}))) for v in variants}
+    recipes = {v: " ".join(recipe(v, 0, args.updates)).replace("seed=0", "seed=S") for v in variants}
+    header = (f"Target `{args.target}` (generic cpu profile: XRL_NO_CALIBRATION=1). `--search rl` guided within "
+              f"{limit:g} s (TASO's limit in the searches' table) and argmax, with best.pt of `xrl train` with, "
+              "per variant (seeds S): "
+              + "; ".join(f"{v} (S = {seeds[v]}): `{recipes[v]}`" for v in variants)
+              + ". shipped seed 0 is xrl/policies/default.pt itself. Searches: experiments/headroom.py. Every "
+              "result verified under onnxruntime. Command, per variant and seed: `XRL_NO_CALIBRATION=1 "
+              f".venv/bin/python experiments/rl_vs_search.py --baselines {args.baselines} --seeds S --variants V"
               + (f" --updates {args.updates}" if args.updates is not None else "") + f" --out {args.out}`.")
     text = summarise(rows, read_rows(Path(args.baselines)), split, variants, header)
     (out / "rl_vs_search.md").write_text(text + "\n")
