@@ -63,7 +63,8 @@ class _Node:
 
 def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,
                   horizon: int = 50, width: int = WIDTH, expand: int = EXPAND, alpha: float = ALPHA,
-                  patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None, max_candidates: int | None = None,
+                  patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None,
+                  max_candidates: int | None = None,
                   featurize: FeatureCache | IncrementalFeatures | None = None) -> PolicyRun:
     """The cheapest graph the argmax rollout or the policy-guided beam reached within `time_limit` seconds."""
     if width < 1 or expand < 1:

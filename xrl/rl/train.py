@@ -207,7 +207,8 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
     best_score = -math.inf
     resume, init_from = c.get("resume"), c.get("init_from")
     if resume and init_from:
-        raise ConfigError("set resume (continue a run) or init_from (start a new run from a policy's weights), not both")
+        raise ConfigError("set resume (continue a run) or init_from (start a new run from a policy's weights), "
+                          "not both")
     if init_from:
         _init_weights(policy, pcfg, init_from)
     if resume:
