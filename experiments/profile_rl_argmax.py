@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 from bench_rl import search_graph
 
 from xrl.cost import get_cost_model
 from xrl.rewrite import RewriteEngine
-from xrl.rl.checkpoint import default_policy_path, load_policy
-from xrl.rl.evaluate import optimize_with_policy
 from xrl.search.greedy import greedy_search
-from xrl.search.rl_search import candidate_cap, default_horizon
+from xrl.search.rl_search import rl_search
 
 
 def main() -> None:
@@ -34,13 +31,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     graph, cost, engine = search_graph(args.graph), get_cost_model("analytic", device="h100"), RewriteEngine()
-    policy, ckpt = load_policy(default_policy_path())
 
-    def argmax() -> tuple[float, float, int, int]:
-        t0 = time.perf_counter()
-        run = optimize_with_policy(policy, graph, cost, engine=engine, horizon=default_horizon(graph),
-                                   max_candidates=candidate_cap(ckpt, None), featurize=policy.features())
-        return time.perf_counter() - t0, run.speedup, len(run.steps), run.env_steps
+    def argmax() -> tuple[float, float, int, int]:  # what `--search rl --rl-mode argmax` runs; time_s: the rollout's
+        run = rl_search(graph, cost, mode="argmax", engine=engine)
+        return run.time_s, run.speedup, len(run.steps), run.env_steps
 
     for r in range(args.rounds):
         g = greedy_search(graph, cost, engine)
