@@ -54,10 +54,52 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
         _default(message, category, filename, lineno, file, line)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, systemd and docker send), raised where SIGINT would be: the same `finally`
+    blocks end child processes and remove temporary files."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM during the clean-up ends the process at once
+    raise Terminated()
+
+
+def install_sigterm_handler() -> object:
+    """Make SIGTERM unwind like Ctrl-C (only from the main thread, where Python runs signal handlers); the
+    handler it replaced (None: left as it was), for `restore_sigterm_handler`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous != signal.SIG_DFL:  # an embedding program's own handler: leave it
+        return None
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return previous
+
+
+def restore_sigterm_handler(previous: object) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     warnings.showwarning = _show_warning
+    previous_sigterm = install_sigterm_handler()
+    try:
+        return _main(argv, debug)
+    finally:
+        restore_sigterm_handler(previous_sigterm)
+
+
+def _main(argv: list[str], debug: bool) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -76,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         sys.stderr.write(f"xrl: error: {e}\n")
         return 2
+    except Terminated:
+        sys.stderr.write("xrl: terminated\n")
+        return 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
     except KeyboardInterrupt:
         sys.stderr.write("xrl: interrupted\n")
         return 130
