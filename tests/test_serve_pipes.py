@@ -63,7 +63,7 @@ def test_an_episode_through_the_cli_server_equals_the_in_process_run(pipes, engi
 def _serve_in_thread(pipes, result: dict) -> threading.Thread:
     def run():
         try:
-            result["n"] = serve_pipes(*pipes, timeout=5.0)
+            result["n"] = serve_pipes(*pipes, lambda obs: 0, timeout=5.0)  # a policy that reads no feature
         except PipeProtocolError as e:
             result["error"] = str(e)
 
@@ -103,7 +103,7 @@ def test_a_stalled_message_times_out(pipes):
     inp._r = r
     os.write(w, b'{"features": [], "advice": {"name": "a", "shape": [1], "type": "int64"}}\n{"observ')
     with pytest.raises(PipeProtocolError, match="no data for 0.2 s"):
-        PolicyServer(timeout=0.2).serve(inp, io.BytesIO())
+        PolicyServer(lambda obs: 0, timeout=0.2).serve(inp, io.BytesIO())
     os.close(r)
     os.close(w)
     assert np.int64(0).nbytes == ADVICE.nbytes

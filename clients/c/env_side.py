@@ -23,7 +23,8 @@ import sys
 import gymnasium as gym
 
 import xrl  # noqa: F401  (registers the envs)
-from xrl.serve.host import ADVICE, drive
+from xrl.errors import ConfigError
+from xrl.serve.host import ADVICE, drive, host_pipes
 from xrl.serve.pipe import PipeProtocolError, read_advice, write_header, write_observation
 
 
@@ -37,7 +38,7 @@ def drive_release(env, in_path: str, out_path: str, timeout: float) -> dict:
     specs = pipe_specs(graphs * nodes, graphs * edges, graphs)
     env.reset(options={"graph": env.graph})
     best = {"cost": env.cost, "rewrites": [], "actions": []}
-    with open(in_path, "wb", buffering=0) as to_server, open(out_path, "rb", buffering=0) as from_server:
+    with host_pipes(in_path, out_path, timeout) as (to_server, from_server):
         write_header(to_server, specs, ADVICE)
         done, k = False, 0
         while not done:
@@ -74,7 +75,7 @@ def main() -> int:
         else:
             result = {"actions": drive(env, args.in_path, args.out_path, seed=args.seed, timeout=args.timeout),
                       "cost": env.cost}
-    except PipeProtocolError as e:
+    except (PipeProtocolError, ConfigError) as e:
         print(f"env side: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:

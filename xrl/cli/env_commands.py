@@ -61,7 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="hint: the lowest estimated cost change (no weights); a MaskablePPO model saved by "
                     "sb3-contrib; or a policy exported by `xrl policy export` (observations are its padded "
                     "inputs, as `--observation release` of clients/c sends them) (default hint)")
-    sv.add_argument("--timeout", type=float, default=60.0, help="seconds a message may stall (default 60)")
+    sv.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds any wait may last: the host opening its pipe, a message, room for an answer, "
+                    "the policy's run (default 60; inf: none)")
     sv.set_defaults(func=cmd_serve)
 
     sw = sub.add_parser("sweep", help="summaries across the runs of a sweep")
@@ -165,8 +167,10 @@ def cmd_passes(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import sys
 
-    from xrl.serve.pipe import PipeProtocolError, hint_policy, serve_pipes
+    from xrl.serve.pipe import PipeProtocolError, check_fifos, check_timeout, hint_policy, serve_pipes
 
+    check_timeout(args.timeout)  # before any policy is loaded: bad options cost nothing
+    check_fifos(args.in_path, args.out_path)
     policy = hint_policy
     if args.policy != "hint":
         if not Path(args.policy).exists():

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from xrl.serve.pipe import PipeProtocolError, serve_pipes
+    from xrl.serve.pipe import PipeProtocolError, check_fifos, check_timeout, serve_pipes
 
     ap = argparse.ArgumentParser(prog="python -m xrl.policies.release")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args(argv)
     try:
+        check_timeout(args.timeout)
+        check_fifos(args.in_path, args.out_path)
         n = serve_pipes(args.in_path, args.out_path, pipe_policy(ReleasePolicy(args.policy)), timeout=args.timeout)
     except (PipeProtocolError, ConfigError) as e:
         print(f"xrl: error: serve: {e}", file=sys.stderr)

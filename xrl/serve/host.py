@@ -6,11 +6,38 @@ the observation, and read the advice.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
-from xrl.serve.pipe import TensorSpec, read_advice, specs_of, write_header, write_observation
+from xrl.serve.pipe import (
+    FifoWriter,
+    TensorSpec,
+    check_fifos,
+    check_timeout,
+    open_fifo,
+    read_advice,
+    specs_of,
+    write_header,
+    write_observation,
+)
 
 ADVICE = TensorSpec("action", (1,), "int64")
+
+
+@contextlib.contextmanager
+def host_pipes(in_path: str, out_path: str, timeout: float | None) -> Iterator[tuple[FifoWriter, int]]:
+    """The host's ends: IN for writing (waiting at most `timeout` for the server to open it), then OUT for
+    reading; (writer, fd). Nothing blocks in open(): a server that never starts is an error, not a hang."""
+    timeout = check_timeout(timeout)
+    check_fifos(in_path, out_path)
+    with FifoWriter(open_fifo(in_path, "w", timeout), timeout, f"the observation pipe {in_path}") as to_server:
+        from_server = open_fifo(out_path, "r", timeout)
+        try:
+            yield to_server, from_server
+        finally:
+            os.close(from_server)
 
 
 def drive(env: Any, in_path: str, out_path: str, *, seed: int = 0, timeout: float | None = 60.0) -> list[str]:
@@ -18,7 +45,7 @@ def drive(env: Any, in_path: str, out_path: str, *, seed: int = 0, timeout: floa
     step; the rewrites applied (`rule@location`). Opens IN for writing, then OUT for reading."""
     obs, _ = env.reset(seed=seed)
     features = specs_of(obs)
-    with open(in_path, "wb", buffering=0) as to_server, open(out_path, "rb", buffering=0) as from_server:
+    with host_pipes(in_path, out_path, timeout) as (to_server, from_server):
         write_header(to_server, features, ADVICE)
         done, k = False, 0
         while not done:

@@ -19,21 +19,27 @@ fails after `timeout` seconds rather than hang.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import select
+import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from xrl.errors import XrlError
+from xrl.errors import ConfigError, XrlError
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32, "int8": np.int8,
           "uint8": np.uint8, "bool": np.bool_}
 MAX_LINE = 1 << 20  # a header or observation line longer than this is malformed
+MAX_FEATURES = 64  # as clients/c/xrl_client.c
+MAX_RANK = 8
+CHUNK = 1 << 16  # bytes read or written per system call
 
 
 class PipeProtocolError(XrlError):
@@ -51,21 +57,44 @@ class TensorSpec:
         return np.dtype(DTYPES[self.type]).newbyteorder("<")
 
     @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+        return self.elements * self.dtype.itemsize
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "type": self.type}
 
     @staticmethod
     def parse(d: Any) -> TensorSpec:
-        try:
-            spec = TensorSpec(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["type"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise PipeProtocolError(f"malformed tensor spec {d!r}: {type(e).__name__}: {e}") from None
-        if spec.type not in DTYPES or any(s < 0 for s in spec.shape):
-            raise PipeProtocolError(f"tensor spec {d!r}: type must be one of {', '.join(DTYPES)}, dims non-negative")
+        """A spec from the header; its size is checked against XRL_MAX_ELEMENTS here, before anything is
+        allocated for it (a declared size is a claim of the other side, not a fact)."""
+        from xrl.limits import MAX_ELEMENTS_ENV, max_elements
+
+        if not isinstance(d, dict) or set(d) - {"name", "shape", "type"}:
+            raise PipeProtocolError(f"malformed tensor spec {_brief(d)}: expected {{\"name\", \"shape\", \"type\"}}")
+        name, shape, kind = d.get("name"), d.get("shape"), d.get("type")
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise PipeProtocolError(f"malformed tensor spec {_brief(d)}: its name must be a string of 1-256 chars")
+        if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+            raise PipeProtocolError(f"malformed tensor spec {_brief(d)}: its shape must be a list of at most "
+                                    f"{MAX_RANK} non-negative integers")
+        if kind not in DTYPES:
+            raise PipeProtocolError(f"tensor spec {_brief(d)}: type must be one of {', '.join(DTYPES)}")
+        spec = TensorSpec(name, tuple(shape), kind)
+        limit = max_elements()
+        if spec.elements > limit:
+            raise PipeProtocolError(f"tensor {name!r} declares {spec.elements:,} elements, over xrl's limit of "
+                                    f"{limit:,} per tensor (raise it with {MAX_ELEMENTS_ENV}=N)")
         return spec
+
+
+def _brief(d: Any) -> str:
+    text = repr(d)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def specs_of(observation: Mapping[str, Any]) -> list[TensorSpec]:
@@ -77,57 +106,151 @@ def specs_of(observation: Mapping[str, Any]) -> list[TensorSpec]:
     return out
 
 
+# ----- opening the pipes: both ends with a deadline --------------------------------------------------
+def check_fifos(*paths: str) -> None:
+    """Each path must be a named pipe (never a file a user keeps: opening one for writing would have
+    truncated it), and no two the same pipe. ConfigError otherwise."""
+    seen: dict[tuple[int, int], str] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            raise ConfigError(f"{p}: {e.strerror or e}; the host creates both pipes (mkfifo) before it starts "
+                              "the server") from None
+        if not stat.S_ISFIFO(st.st_mode):
+            raise ConfigError(f"{p} is not a named pipe (mkfifo); xrl serve reads and writes only pipes, never files")
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise ConfigError(f"--in and --out are the same pipe ({seen[key]} and {p}); the host creates two")
+        seen[key] = p
+
+
+def open_fifo(path: str, mode: str, timeout: float | None) -> int:
+    """A non-blocking fd on the named pipe `path`, for reading ("r") or writing ("w"). Opening for
+    writing waits (at most `timeout` seconds) for a reader; opening for reading returns at once, and
+    the first read waits (at most `timeout`) for a writer and its data. Nothing blocks in open()."""
+    if mode == "r":
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    else:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # never O_TRUNC
+                break
+            except OSError as e:
+                if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise PipeProtocolError(f"cannot open {path}: {e.strerror}") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PipeProtocolError(f"the other side did not open {path} for reading within {timeout:g} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # replaced by a file since it was checked
+        os.close(fd)
+        raise ConfigError(f"{path} is not a named pipe")
+    return fd
+
+
+def _poll(fd: int, event: int, timeout: float | None) -> bool:
+    p = select.poll()
+    p.register(fd, event)
+    return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000))))
+
+
 # ----- reading ------------------------------------------------------------------------------------
 class _Reader:
-    def __init__(self, stream: BinaryIO, timeout: float | None) -> None:
-        self.stream, self.timeout = stream, timeout
-        self.fd = stream.fileno() if hasattr(stream, "fileno") else None
+    """Reads from a stream (an fd when it has one), each wait at most `timeout` seconds."""
 
-    def _wait(self, what: str) -> None:
-        if self.timeout is None or self.fd is None:
-            return
-        ready, _, _ = select.select([self.fd], [], [], self.timeout)
-        if not ready:
-            raise PipeProtocolError(f"no data for {self.timeout:g} s while reading {what}")
+    def __init__(self, stream: BinaryIO | int, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.stream = None if isinstance(stream, int) else stream
+        if isinstance(stream, int):
+            self.fd: int | None = stream
+        else:
+            try:
+                self.fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                self.fd = None
+        self.buf = bytearray()  # read past the last line: the start of what follows
+
+    def _chunk(self, n: int, what: str) -> bytes:
+        """Up to n bytes (at least one; b"" at end of file), waiting at most the timeout for them."""
+        if self.fd is None:
+            return self.stream.read(n)
+        while True:
+            if self.timeout is not None and not _poll(self.fd, select.POLLIN | select.POLLHUP, self.timeout):
+                raise PipeProtocolError(f"no data for {self.timeout:g} s while reading {what}")
+            try:
+                return os.read(self.fd, n)
+            except BlockingIOError:  # a non-blocking fd with no writer yet: wait again
+                if self.timeout is None:
+                    _poll(self.fd, select.POLLIN | select.POLLHUP, 0.05)
+                continue
+
+    def exact_into(self, out: memoryview, what: str) -> None:
+        """Fill `out` (bytes) exactly."""
+        n, got = len(out), 0
+        take = min(len(self.buf), n)
+        out[:take] = self.buf[:take]
+        del self.buf[:take]
+        got = take
+        while got < n:
+            chunk = self._chunk(min(CHUNK, n - got), what)
+            if not chunk:
+                raise PipeProtocolError(f"truncated {what}: {got} of {n} bytes before the pipe closed")
+            out[got:got + len(chunk)] = chunk
+            got += len(chunk)
 
     def exact(self, n: int, what: str) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            self._wait(what)
-            chunk = os.read(self.fd, n - len(buf)) if self.fd is not None else self.stream.read(n - len(buf))
-            if not chunk:
-                raise PipeProtocolError(f"truncated {what}: {len(buf)} of {n} bytes before the pipe closed")
-            buf += chunk
-        return bytes(buf)
+        out = bytearray(n)
+        self.exact_into(memoryview(out), what)
+        return bytes(out)
 
     def line(self, what: str, eof_ok: bool = False) -> bytes | None:
-        buf = bytearray()
+        start = 0
         while True:
-            self._wait(what)
-            b = os.read(self.fd, 1) if self.fd is not None else self.stream.read(1)
-            if not b:
-                if eof_ok and not buf:
+            i = self.buf.find(b"\n", start)
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 1]
+                return line
+            if len(self.buf) > MAX_LINE:
+                raise PipeProtocolError(f"malformed {what}: no newline in {MAX_LINE} bytes")
+            start = len(self.buf)
+            chunk = self._chunk(4096, what)  # a line is short: read little past it
+            if not chunk:
+                if eof_ok and not self.buf:
                     return None
                 raise PipeProtocolError(f"truncated {what}: the pipe closed mid-line")
-            if b == b"\n":
-                return bytes(buf)
-            buf += b
-            if len(buf) > MAX_LINE:
-                raise PipeProtocolError(f"malformed {what}: no newline in {MAX_LINE} bytes")
+            self.buf += chunk
 
 
 def _json(line: bytes, what: str) -> Any:
     try:
         return json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PipeProtocolError(f"malformed {what}: not a JSON line ({e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError, as is a 5000-digit number
+        raise PipeProtocolError(f"malformed {what}: not a JSON line ({str(e)[:120]})") from None
+    except RecursionError:
+        raise PipeProtocolError(f"malformed {what}: JSON nested too deeply") from None
 
 
 def read_header(reader: _Reader) -> tuple[list[TensorSpec], TensorSpec]:
+    from xrl.limits import MAX_ELEMENTS_ENV, max_elements
+
     head = _json(reader.line("header"), "header")
     if not isinstance(head, dict) or not isinstance(head.get("features"), list) or "advice" not in head:
         raise PipeProtocolError("malformed header: expected {\"features\": [...], \"advice\": {...}}")
-    return [TensorSpec.parse(f) for f in head["features"]], TensorSpec.parse(head["advice"])
+    if len(head["features"]) > MAX_FEATURES:
+        raise PipeProtocolError(f"malformed header: {len(head['features'])} features, at most {MAX_FEATURES}")
+    features = [TensorSpec.parse(f) for f in head["features"]]
+    names = [f.name for f in features]
+    if len(set(names)) != len(names):
+        raise PipeProtocolError(f"malformed header: a feature name appears twice ({', '.join(names)})")
+    total, limit = sum(f.nbytes for f in features), max_elements() * 4
+    if total > limit:  # all the buffers of one observation together: as much as one float32 tensor at the limit
+        raise PipeProtocolError(f"the header's features take {total:,} bytes per observation, over xrl's limit of "
+                                f"{limit:,} (4 x {MAX_ELEMENTS_ENV})")
+    return features, TensorSpec.parse(head["advice"])
 
 
 def read_message(reader: _Reader, features: list[TensorSpec], expect: int) -> dict[str, np.ndarray] | None:
@@ -136,18 +259,57 @@ def read_message(reader: _Reader, features: list[TensorSpec], expect: int) -> di
     if line is None:
         return None
     msg = _json(line, f"observation {expect} line")
-    if not isinstance(msg, dict) or msg.get("observation") != expect:
+    if not isinstance(msg, dict) or msg.get("observation") != expect or isinstance(msg.get("observation"), bool):
         raise PipeProtocolError(f"malformed observation line {line[:80]!r}: expected {{\"observation\": {expect}}}")
     out = {}
     for f in features:
-        raw = reader.exact(f.nbytes, f"feature {f.name!r} of observation {expect}")
-        out[f.name] = np.frombuffer(raw, dtype=f.dtype).reshape(f.shape)
+        # filled in place as the bytes arrive: memory grows with what the host sends, once, not twice
+        arr = np.empty(f.shape, dtype=f.dtype)
+        reader.exact_into(memoryview(arr).cast("B") if arr.nbytes else memoryview(bytearray()),
+                          f"feature {f.name!r} of observation {expect}")
+        out[f.name] = arr
     if reader.exact(1, f"the newline ending observation {expect}") != b"\n":
         raise PipeProtocolError(f"malformed observation {expect}: its buffers are longer than the header says")
     return out
 
 
-# ----- writing (the host's side, and the tests') --------------------------------------------------
+# ----- writing (the host's side, the server's advice, and the tests') -------------------------------
+class FifoWriter:
+    """Writes to a non-blocking pipe fd, each wait for room at most `timeout` seconds (a reader that
+    stops reading fills the pipe: the writer then fails instead of blocking for good)."""
+
+    def __init__(self, fd: int, timeout: float | None, what: str = "the pipe") -> None:
+        self.fd, self.timeout, self.what = fd, timeout, what
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data).cast("B")
+        while view:
+            if not _poll(self.fd, select.POLLOUT, self.timeout):
+                raise PipeProtocolError(f"the other side read nothing from {self.what} for {self.timeout:g} s")
+            try:
+                k = os.write(self.fd, view[:CHUNK])
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                raise PipeProtocolError(f"the other side closed {self.what}") from None
+            view = view[k:]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FifoWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def write_header(out: BinaryIO, features: list[TensorSpec], advice: TensorSpec) -> None:
     out.write(json.dumps({"features": [f.to_dict() for f in features], "advice": advice.to_dict()}).encode() + b"\n")
     out.flush()
@@ -161,7 +323,7 @@ def write_observation(out: BinaryIO, features: list[TensorSpec], obs: Mapping[st
     out.flush()
 
 
-def read_advice(stream: BinaryIO, advice: TensorSpec, timeout: float | None = 60.0) -> np.ndarray:
+def read_advice(stream: BinaryIO | int, advice: TensorSpec, timeout: float | None = 60.0) -> np.ndarray:
     raw = _Reader(stream, timeout).exact(advice.nbytes, "advice")
     return np.frombuffer(raw, dtype=advice.dtype).reshape(advice.shape)
 
@@ -180,6 +342,27 @@ def hint_policy(obs: Mapping[str, np.ndarray]) -> int:
     return best if hints[best] < 0 else 0
 
 
+# The features a policy reads, by name: their rank (checked against the header before any observation).
+hint_policy.requires = {"cand_hints": 2, "action_mask": 1}  # type: ignore[attr-defined]
+
+
+def check_features(policy: Policy, features: list[TensorSpec]) -> None:
+    """PipeProtocolError unless the header declares every feature the policy reads, with its rank."""
+    declared = {f.name: f for f in features}
+    for name, rank in (getattr(policy, "requires", None) or {}).items():
+        if name not in declared:
+            raise PipeProtocolError(f"the header declares no feature {name!r}, which this policy reads "
+                                    f"(declared: {', '.join(declared) or 'none'})")
+        if len(declared[name].shape) != rank:
+            raise PipeProtocolError(f"feature {name!r} has shape {list(declared[name].shape)}; this policy reads "
+                                    f"a tensor of rank {rank}")
+    if policy is hint_policy:
+        hints, mask = declared["cand_hints"].shape, declared["action_mask"].shape
+        if hints[0] != mask[0] or hints[1] < 1:
+            raise PipeProtocolError(f"cand_hints {list(hints)} and action_mask {list(mask)} must have one row per "
+                                    "action and at least one hint")
+
+
 class PolicyServer:
     """Answers each observation read from `inp` with the policy's action written to `out`."""
 
@@ -187,15 +370,27 @@ class PolicyServer:
         self.policy, self.timeout = policy, timeout
         self.decisions = 0
 
-    def serve(self, inp: BinaryIO, out: BinaryIO) -> int:
+    def _choose(self, obs: Mapping[str, np.ndarray], advice: TensorSpec) -> np.ndarray:
+        try:
+            action = self.policy(obs)
+        except (KeyError, IndexError, ValueError, TypeError) as e:  # the observation is not what the policy reads
+            raise PipeProtocolError(f"the policy cannot read observation {self.decisions} "
+                                    f"({type(e).__name__}: {str(e)[:120]})") from None
+        info = np.iinfo(advice.dtype)
+        if not isinstance(action, int | np.integer) or not 0 <= int(action) <= info.max:
+            raise PipeProtocolError(f"the policy answered {action!r}, not an action index")
+        return np.full(advice.shape, int(action), dtype=advice.dtype)
+
+    def serve(self, inp: BinaryIO | int, out: BinaryIO | FifoWriter) -> int:
         """Run one exchange to its end; the number of decisions. Closes `out` however it ends."""
         try:
             reader = _Reader(inp, self.timeout)
             features, advice = read_header(reader)
             if math.prod(advice.shape) != 1 or advice.type not in ("int64", "int32"):
                 raise PipeProtocolError(f"advice must be one integer, not {advice.to_dict()}")
+            check_features(self.policy, features)
             while (obs := read_message(reader, features, self.decisions)) is not None:
-                action = np.full(advice.shape, int(self.policy(obs)), dtype=advice.dtype)
+                action = self._choose(obs, advice)
                 try:
                     out.write(action.tobytes())
                     out.flush()
@@ -210,11 +405,23 @@ class PolicyServer:
                 pass
 
 
+def check_timeout(timeout: float | None) -> float | None:
+    """--timeout: positive seconds, or inf for none (None)."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if not timeout > 0 or math.isnan(timeout):
+        raise ConfigError(f"--timeout must be a positive number of seconds (or inf), not {timeout}")
+    return float(timeout)
+
+
 def serve_pipes(in_path: str, out_path: str, policy: Policy = hint_policy, timeout: float | None = 60.0) -> int:
-    """Open the host's pipes (IN first, then OUT) and serve one exchange."""
-    inp = open(in_path, "rb", buffering=0)  # noqa: SIM115  (closed below; serve closes out)
+    """Open the host's pipes (IN first, then OUT) and serve one exchange. Both must be named pipes, and
+    distinct; every wait (the host opening OUT, each message, room for each answer) ends after `timeout`."""
+    timeout = check_timeout(timeout)
+    check_fifos(in_path, out_path)
+    inp = open_fifo(in_path, "r", timeout)
     try:
-        out = open(out_path, "wb", buffering=0)  # noqa: SIM115
+        out = FifoWriter(open_fifo(out_path, "w", timeout), timeout, f"the advice pipe {out_path}")
         return PolicyServer(policy, timeout=timeout).serve(inp, out)
     finally:
-        inp.close()
+        os.close(inp)
