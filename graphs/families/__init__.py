@@ -1,0 +1,145 @@
+"""Deployment families (issue 23): torch modules written as their libraries write them, exported with
+both torch exporters, each with its limit (the same network merged / re-parameterised in torch).
+
+    from xrl.graphs import families
+    model = families.build_onnx("lora_encoder", "small", "ts", seed=0)          # onnx.ModelProto
+    limit = families.build_onnx("lora_encoder", "small", "ts", seed=0, limit=True)
+    feeds = families.input_feeds("lora_encoder", "small")                       # name -> np.ndarray
+    families.verify_limit("repvgg", "small", "dynamo")                          # max abs error, checked
+
+Families and members (modules `lora`, `reparam`, `llama`, `attention`; sizes "small" for tests, "full"
+for the benchmark; exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18)):
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import onnx
+
+from . import attention, llama, lora, reparam
+from .export import EXPORTERS, SIZES, Built, export, exporter_key, feeds
+
+FAMILIES: dict[str, ModuleType] = {"lora": lora, "reparam": reparam, "llama": llama, "attention": attention}
+MEMBERS: dict[str, str] = {m: fam for fam, mod in FAMILIES.items() for m in mod.MEMBERS}  # member -> family
+# one member per family that the fast tests build with both exporters
+REPRESENTATIVE = {"lora": "lora_encoder", "reparam": "repvgg", "llama": "llama", "attention": "attn_bert"}
+# what onnxruntime's transformers optimizer is told (None: not a transformer, the peer does not apply)
+ORT_MODEL_TYPE = {"lora_encoder": "bert", "lora_server": "bert", "lora_decoder": "gpt2", "lora_vit": "vit",
+                  "llama": "gpt2", "llama_eager": "gpt2", "attn_mha": "bert", "attn_mha_causal": "gpt2",
+                  "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert"}
+
+__doc__ += "\n".join(f"- {fam}: {', '.join(mod.MEMBERS)}" for fam, mod in FAMILIES.items()) + "\n"
+
+
+def check(member: str, size: str) -> None:
+    if member not in MEMBERS:
+        raise ValueError(f"unknown family member {member!r}; choose from {', '.join(MEMBERS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+
+
+def build_module(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> Built:
+    """The seeded torch module (eval mode), its inputs, outputs and limit maker."""
+    check(member, size)
+    return FAMILIES[MEMBERS[member]].build(member, size, seed=seed, batch=batch)
+
+
+def model_info(member: str, size: str) -> tuple[str | None, int, int]:
+    """(onnxruntime transformers model_type, num_heads, hidden_size) for the transformers optimizer."""
+    check(member, size)
+    fam = FAMILIES[MEMBERS[member]]
+    d = fam.DIMS[size]
+    return ORT_MODEL_TYPE.get(member), getattr(d, "heads", 0), getattr(d, "hidden", 0)
+
+
+def build_onnx(member: str, size: str = "small", exporter: str = "ts", seed: int = 0, batch: int = 1,
+               limit: bool = False) -> onnx.ModelProto:
+    """The member exported (or its limit, with `limit=True`): a fresh ModelProto."""
+    return onnx.load_from_string(_exported(member, size, exporter_key(exporter), seed, batch, limit))
+
+
+@functools.lru_cache(maxsize=32)
+def _exported(member: str, size: str, exporter: str, seed: int, batch: int, limit: bool) -> bytes:
+    built = build_module(member, size, seed, batch)
+    module = built.limit() if limit else built.module
+    return export(module, built.inputs, built.outputs, exporter).SerializeToString()
+
+
+def input_feeds(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
+    """Seeded values for every graph input (adapters of lora_server included)."""
+    return feeds(build_module(member, size, 0, batch).inputs, seed)
+
+
+def limit_kind(member: str) -> str:
+    """"exact" where the limit is a re-parameterisation of the network, "plain" where it is the export itself."""
+    return build_module(member, "small").limit_kind
+
+
+def run(model: onnx.ModelProto | bytes | str | Path, feeds_: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(data) if isinstance(data, Path) else data, opts,
+                                providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds_.items() if k in names})
+
+
+def verify_limit(member: str, size: str = "small", exporter: str = "ts", seed: int = 0, rtol: float = 1e-4,
+                 atol: float = 1e-4) -> float:
+    """The limit's outputs against the original's under onnxruntime; returns the max abs error, raises
+    AssertionError beyond rtol/atol."""
+    original = build_onnx(member, size, exporter, seed)
+    merged = build_onnx(member, size, exporter, seed, limit=True)
+    f = input_feeds(member, size, seed=1)
+    err = 0.0
+    for a, b in zip(run(original, f), run(merged, f), strict=True):
+        err = max(err, float(np.max(np.abs(a.astype(np.float64) - b))))
+        scale = float(np.max(np.abs(a)))
+        if not np.allclose(b, a, rtol=rtol, atol=atol * max(1.0, scale)):
+            raise AssertionError(f"{member}/{size}/{exporter}: the limit differs from the original "
+                                 f"(max abs error {err:.3g}, output scale {scale:.3g})")
+    return err
+
+
+def cache_path(cache_dir: Path, member: str, size: str, exporter: str, seed: int = 0, limit: bool = False) -> Path:
+    import torch
+
+    version = torch.__version__.replace("+", "_")
+    tag = "-limit" if limit else ""
+    return (Path(cache_dir).expanduser()
+            / f"{member}-{size}-{exporter_key(exporter)}-seed{seed}{tag}-torch{version}-{source_hash()}.onnx")
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """A short hash of this package's sources: a cached export is remade when the modules change."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def cached_export(member: str, size: str, exporter: str, cache_dir: Path, seed: int = 0, limit: bool = False) -> Path:
+    """The exported file, made once per member/size/exporter/seed/limit/torch version (the benchmark's cache)."""
+    path = cache_path(cache_dir, member, size, exporter, seed, limit)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".part")
+        built = build_module(member, size, seed)
+        module = built.limit() if limit else built.module
+        onnx.save(export(module, built.inputs, built.outputs, exporter), str(tmp))
+        tmp.replace(path)
+    return path
+
+
+__all__ = ["EXPORTERS", "FAMILIES", "MEMBERS", "REPRESENTATIVE", "SIZES", "build_module", "build_onnx",
+           "cache_path", "cached_export", "input_feeds", "limit_kind", "model_info", "verify_limit"]
