@@ -372,7 +372,7 @@ def test_a_killed_writer_leaves_a_readable_cache(cache_path: Path) -> None:
     code = ("import sys; from xrl.cost.op_measured import OpTimingCache; from xrl.cost.base import Measurement\n"
             "c = OpTimingCache(sys.argv[1]); i = 0\n"
             "while True:\n"
-            "    c.put(f'k{i}', 'dev', '{}', Measurement(i * 1e-6, 3, 0.01, 0.0, 1.0)); i += 1\n"
+            "    c.put(f'k{i}', 'dev', '{}', Measurement((i + 1) * 1e-6, 3, 0.01, (i + 1) * 1e-6, 1.0)); i += 1\n"
             "    if i == 50: print('ready', flush=True)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cache_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -388,7 +388,7 @@ def test_a_killed_writer_leaves_a_readable_cache(cache_path: Path) -> None:
     assert n >= 50
     for i in range(n):  # every committed timing reads back whole
         m = cache.get(f"k{i}", "dev")
-        assert m is not None and m.median_s == pytest.approx(i * 1e-6) and m.repeats == 3
+        assert m is not None and m.median_s == pytest.approx((i + 1) * 1e-6) and m.repeats == 3
     assert cache.get("k0", "other device") is None
 
 
@@ -396,8 +396,8 @@ def test_first_writer_wins_and_cache_survives_pickling(cache_path: Path) -> None
     import pickle
 
     a, b = OpTimingCache(cache_path), OpTimingCache(cache_path)
-    assert a.put("k", "d", "{}", Measurement(1.0, 3, 0.1)).median_s == 1.0
-    assert b.put("k", "d", "{}", Measurement(2.0, 3, 0.1)).median_s == 1.0  # both now agree on the first value
+    assert a.put("k", "d", "{}", Measurement(1.0, 3, 0.1, 0.9, 1.1)).median_s == 1.0
+    assert b.put("k", "d", "{}", Measurement(2.0, 3, 0.1, 1.9, 2.1)).median_s == 1.0  # both agree on the first
     c = pickle.loads(pickle.dumps(a))
     assert c.get("k", "d") == a.get("k", "d")
 
@@ -405,7 +405,7 @@ def test_first_writer_wins_and_cache_survives_pickling(cache_path: Path) -> None
 def test_op_cache_rejects_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     bad = tmp_path / "op_costs.sqlite"
     bad.write_bytes(b"not a database at all" * 100)
-    with pytest.raises(Exception, match="cannot use .* as the op timing cache"):
+    with pytest.raises(Exception, match="cannot use .* as xrl's timing cache"):
         len(OpTimingCache(bad))
 
 

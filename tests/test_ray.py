@@ -94,7 +94,7 @@ def test_xrl_train_collector_ray_two_updates_with_measured_rewards(cluster, tmp_
     assert "trained 2 updates" in out
     lines = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["update"] for m in lines] == [1, 2] and lines[-1]["episodes"] == 4  # 2 actors x 2 episodes
-    assert sqlite3.connect(cache).execute("SELECT COUNT(*) FROM op_timings_v1").fetchone()[0] > 0
+    assert sqlite3.connect(cache).execute("SELECT COUNT(*) FROM op_timings_v2").fetchone()[0] > 0
     assert not ray.util.list_named_actors(all_namespaces=True)  # the run's cache actor stopped with it
 
 
@@ -150,7 +150,7 @@ def test_measurement_actors_and_the_shared_cache_across_nodes(cluster, tmp_path)
 
         # kill the cache actor: Ray restarts it on its node, on its file, and every committed timing is there
         entries = len(RemoteTimingCache(cache))
-        key, device = sqlite3.connect(path).execute("SELECT key, device FROM op_timings_v1 LIMIT 1").fetchone()
+        key, device = sqlite3.connect(path).execute("SELECT key, device FROM op_timings_v2 LIMIT 1").fetchone()
         before = RemoteTimingCache(cache).get(key, device)
         pid = ray.get(cache.where.remote())[1]
         os.kill(pid, signal.SIGKILL)

@@ -47,6 +47,13 @@ class OptimizeResult:
     steps: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] | None = None  # `measure_speedup(...).to_json()` when asked to measure
+    # The measured guard (`xrl.cost.guard`): what it timed, what it chose and why; None when it did not run
+    guard: dict[str, Any] | None = None
+    # The written file against the original, measured (by the guard or --measure): top-level for --json
+    measured_speedup: float | None = None
+    measured_interval: list[float] | None = None
+    verdict: str | None = None  # faster | slower | within noise | too noisy to tell; None: unmeasured
+    cost_report: dict[str, Any] | None = None  # the measured kernel cost's cache hits and measuring time
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,17 +83,19 @@ def check_output_path(output: str | Path, source: Path | None, *, force: bool) -
 
 
 def get_cost(name: str, device: str | None, target: str | None = None, **options: Any) -> CostModel:
-    """A cost model by name. "target" is the estimate of what `target` (None: this machine's default)
-    runs; under the research target `paper` that is the per-op analytic model on its profile. For the
+    """A cost model by name. "target" is the cost of the kernels `target` (None: this machine's default)
+    runs, each measured on this machine (`xrl.cost.kernel_measured`) where its runtime is here, and
+    "roofline" their roofline estimate; under the research target `paper` both are the per-op
+    analytic model on its profile. For the
     analytic model, device None or "auto" means this machine's profile (its NVIDIA GPU's, else cpu)
     and "cuda" its GPU's; measured models take them as they are."""
     from xrl.cost import get_cost_model, get_target
 
-    if name == "target":
+    if name in ("target", "roofline"):
         tgt = get_target(target, device)
         if tgt.runtime == "kernels":
             return get_cost_model("analytic", device=device or tgt.device_profile, **options)
-        return get_cost_model("target", device=device, target=tgt.name, **options)
+        return get_cost_model(name, device=device, target=tgt.name, **options)
 
     if name == "analytic" and device in (None, "auto", "cuda"):
         from xrl.cost.devices import gpu_model_names, this_machine_profile
@@ -206,7 +215,8 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
              time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
              force: bool = False, verify_trials: int = 2, search_options: Mapping[str, Any] | None = None,
              cost_options: Mapping[str, Any] | None = None, measure: str | None = None,
-             measure_options: Mapping[str, Any] | None = None, measure_rounds: int = 6) -> OptimizeResult:
+             measure_options: Mapping[str, Any] | None = None, measure_rounds: int = 6,
+             guard: bool | None = None, guard_options: Mapping[str, Any] | None = None) -> OptimizeResult:
     """Optimise a model for `target` (None: this machine's default) and (with `output`) write the
     verified result as ONNX.
 
@@ -220,7 +230,13 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
     With `measure` (an e2e engine: "auto", "ort" or "torch"), the original and the optimised graph
     are also timed end to end on this machine, in alternating rounds (`xrl.cost.speedup`), and the
     measured speed-up with its verdict is returned in `measured`. `measure_options` go to
-    `measure_model` (repeats, warmup, threads)."""
+    `measure_model` (repeats, warmup, threads).
+
+    `guard` (None: on for onnxruntime targets whose runtime is on this machine, unless $XRL_GUARD is 0):
+    before writing, the original, the pre-passes' result and the search's best are timed end to end
+    in alternating rounds with an A/A control (`xrl.cost.guard`), and the fastest that does not measure
+    slower than the original is written; the original itself when every candidate measures slower.
+    Its measurement of the written file is `measured` (no second timing is taken for `measure`)."""
     from xrl.cost import get_target
     from xrl.frontends.onnx_io import from_onnx, save_onnx, to_onnx
     from xrl.frontends.verify import compare_models
@@ -243,6 +259,8 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
         start = loaded.graph
     if time_limit is not None and time_limit != float("inf"):
         time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
+    if hasattr(cost_model, "deadline"):  # kernels not yet timed when the search's time is up: the scaled roofline
+        cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
     while True:
         outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                              options=search_options or {})
@@ -262,8 +280,39 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
     if not check.ok:
         raise VerificationError(f"the optimised graph does not compute what the original computes "
                                 f"({check.detail}); nothing was written. Please report this with the model.")
+    reference = loaded.reference
+    guard_report = None
+    if _guard_on(guard, tgt, device):
+        from xrl.cost.guard import GuardCandidate, measure_guard
+
+        candidates = []
+        if start is not loaded.graph:
+            pre_export = to_onnx(start)
+            if compare_models(loaded.reference, pre_export, seed=seed, trials=verify_trials).ok:
+                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)),
+                                   pre_export))
+        candidates.append((GuardCandidate("search", written), exported))
+        options = {"repeats": 5, "warmup": 2, **dict(measure_options or {})}
+        timer = measure_model("ort", tgt.provider, **options)
+        opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
+                **dict(guard_options or {})}
+        g = measure_guard(timer, loaded.graph, [c for c, _ in candidates], **opts)
+        guard_report = g.to_json()
+        chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
+        if chosen is None:  # the original: the user's model, as loaded
+            written, exported, outcome = loaded.graph, reference, SearchOutcome(loaded.graph, [], outcome.details)
+            check = compare_models(loaded.reference, reference, seed=seed, trials=1)
+        elif chosen[0].label == "pre-pass":
+            written, exported, outcome = chosen[0].graph, chosen[1], SearchOutcome(start, [], outcome.details)
+        optimized_cost = cost_model.cost(written)
+        guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
     measured = None
-    if measure is not None:
+    if guard_report is not None and guard_report["chosen"] != "original":
+        measured = guard_report["candidates"][guard_report["chosen"]]
+    elif guard_report is not None:
+        measured = {"cost_model": "guard", "speedup": 1.0, "interval95": [1.0, 1.0], "verdict": "within noise",
+                    "identical": True, "note": "the original itself was written"}
+    elif measure is not None:
         from xrl.cost.speedup import measure_speedup
 
         timer = measure_model(measure, device, **dict(measure_options or {}))
@@ -272,13 +321,36 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
                                    max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS)).to_json()
     if out_path is not None:
         save_onnx(exported, out_path)
+    report = cost_model.report() if hasattr(cost_model, "report") else None
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
         rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
         output=str(out_path) if out_path else None, original_nodes=len(loaded.reference.graph.node),
         optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
-        target=tgt.name, estimate=not cost_model.measured, prepasses=reports)
+        target=tgt.name, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
+        measured_speedup=measured["speedup"] if measured else None,
+        measured_interval=list(measured["interval95"]) if measured else None,
+        verdict=measured["verdict"] if measured else None, cost_report=report)
+
+
+GUARD_ENV = "XRL_GUARD"
+
+
+def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
+    """The guard runs for onnxruntime targets whose runtime is on this machine (an estimate for another
+    device's profile cannot be measured here); `guard` False, or $XRL_GUARD=0, turns it off."""
+    import os
+
+    if guard is None:
+        guard = os.environ.get(GUARD_ENV, "1") not in ("0", "off", "false", "no")
+    if not guard or tgt.runtime != "onnxruntime":
+        return False
+    if tgt.provider == "cpu":
+        return True
+    from xrl.cost import target_timing
+
+    return target_timing(device, tgt.name) == "measured"
 
 
 def _prepassed(loaded: LoadedModel, names: Sequence[str], input_shapes: Mapping[str, Sequence[int]] | None,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from xrl.cli.output import format_table, human_count, human_seconds, print_json
 
-COST_CHOICES = ("target", "analytic", "ort", "op", "e2e", "cuda")
+COST_CHOICES = ("target", "roofline", "analytic", "ort", "op", "e2e", "cuda")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                         "are applied before costing), or paper (the research setting of TASO/Tensat/X-RLflow: one "
                         "H100 kernel per op, unfused baseline). Default: ort-cuda with an NVIDIA GPU, else ort-cpu")
     p.add_argument("--cost", default="target", choices=COST_CHOICES,
-                   help="cost backend (default target: the estimate of the kernels the target runs)")
+                   help="cost backend (default target: the kernels the target runs, each timed alone on this "
+                        "machine and cached; roofline: their roofline estimate)")
     p.add_argument("--device", default=None, help="device profile of the analytic model (h100, a100, v100, gtx1080, "
                    "cpu, or cuda: this machine's GPU), or cpu/cuda for measured backends; default: this machine "
                    "(the profile of its NVIDIA GPU, else cpu)")
@@ -109,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measure-repeats", type=int, default=10, metavar="N",
                    help="timed runs per round of --measure (6 to 20 alternating rounds of the original, the "
                         "optimised model and an A/A copy of the original; default 10)")
+    p.add_argument("--no-guard", dest="guard", action="store_false",
+                   help="onnxruntime targets: skip the measured guard (by default the original, the pre-passes' "
+                        "result and the search's best are timed end to end with an A/A control, and the fastest "
+                        "that is not slower than the original is written); the result is then unmeasured")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_optimize)
@@ -271,10 +276,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                    target=args.target, prepass=prepass,
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
                    search_options=options, measure=args.measure,
-                   measure_options={"repeats": args.measure_repeats})
+                   measure_options={"repeats": args.measure_repeats}, guard=None if args.guard else False)
+    # asked to measure, and the written model measured slower: say so in the exit code too
+    status = 1 if args.measure and res.verdict == "slower" else 0
     if args.json:
         print_json(res.to_json())
-        return 0
+        return status
     kind = "estimated" if res.estimate else "measured"
     print(f"{res.input}: {human_seconds(res.original_cost)} -> {human_seconds(res.optimized_cost)} "
           f"({res.speedup:.3f}x {kind}) for target {res.target} ({res.cost_model}); {res.rewrites} rewrites "
@@ -287,7 +294,15 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         elif r["detail"] and r["detail"].startswith("dropped"):
             print(f"pre-pass {r['name']} {r['detail']}")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
-    if res.measured:
+    if res.guard is not None and not res.guard["candidates"]:
+        print(f"guard: nothing to time: {res.guard['reason']}")
+    elif res.guard is not None:
+        timed = ", ".join(res.guard["candidates"])
+        print(f"guard: timed the original, an A/A copy and {timed} end to end ({res.guard['rounds']} rounds, "
+              f"{res.guard['time_s']:.1f} s); {res.guard['reason']}")
+    elif res.target != "paper":
+        print("guard: off (--no-guard): the written model was not measured against the original")
+    if res.measured and "round_speedups" in res.measured:
         print(measured_line(res.measured))
         if res.measured["verdict"] == "too noisy to tell":
             print(f"xrl: warning: this machine was too noisy to resolve a 3% effect: identical work measured up to "
@@ -306,4 +321,4 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                   f"({res.measured['speedup']:.3f}x) under {res.measured['cost_model']}; {advice}", file=sys.stderr)
     if res.output:
         print(f"wrote {Path(res.output)}")
-    return 0
+    return status

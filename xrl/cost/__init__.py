@@ -5,7 +5,10 @@
     op        each distinct operator configuration timed alone through PyTorch (TASO), cached on disk
     e2e       the whole graph timed with onnxruntime or a PyTorch executor (CUDA graphs on a GPU)
     cuda      op or e2e timing through the native harness in cuda/ (needs a GPU)
-    target    the roofline of the kernels a target's runtime runs after its own fusions (xrl.cost.targets)
+    target    what a target's runtime runs after its own fusions, kernel by kernel: each kernel timed alone
+              on this machine and cached (xrl.cost.kernel_measured) where the target's runtime is here,
+              else (and with timing="roofline") their roofline estimate (xrl.cost.targets)
+    roofline  the roofline estimate of those kernels, by name
 
 To add a backend: subclass `CostModel` with a keyword-only `__init__(self, *, device=None, ...)`,
 import heavy libraries inside its methods (so `import xrl.cost` stays cheap), and add one line to
@@ -15,12 +18,14 @@ COST_MODELS.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 from xrl.cost.analytic import AnalyticCostModel
 from xrl.cost.base import CostModel, Measurement, op_key
 from xrl.cost.devices import DEVICE_PROFILES, DeviceProfile, get_device
 from xrl.cost.e2e import CudaCostModel, E2ECostModel  # torch loads inside their methods
+from xrl.cost.kernel_measured import MeasuredKernelCostModel
 from xrl.cost.op_measured import OpMeasuredCostModel
 from xrl.cost.ort import OrtCostModel
 from xrl.cost.targets import TARGETS, Target, TargetCostModel, default_target, get_target
@@ -32,8 +37,35 @@ COST_MODELS: dict[str, type[CostModel]] = {
     "op": OpMeasuredCostModel,
     "e2e": E2ECostModel,
     "cuda": CudaCostModel,
-    "target": TargetCostModel,
+    "target": MeasuredKernelCostModel,
+    "roofline": TargetCostModel,
 }
+# How "target" costs kernels when nobody says: "measured" (the default) or "roofline". The test suite sets
+# roofline for the tests that do not test measurement: deterministic and instant on any machine.
+TIMING_ENV = "XRL_TARGET_COST"
+TIMINGS = ("measured", "roofline")
+
+
+def target_timing(device: str | None, target: str | None, timing: str | None = None) -> str:
+    """How the "target" cost model times kernels: `timing`, else $XRL_TARGET_COST, else measured where
+    the target's runtime runs on this machine (onnxruntime's CPU provider; its CUDA provider where
+    onnxruntime-gpu and a GPU are here and no other device's profile is named), else roofline."""
+    timing = timing or os.environ.get(TIMING_ENV) or None
+    if timing is not None and timing not in TIMINGS:
+        raise ConfigError(f"unknown kernel timing {timing!r} (from {TIMING_ENV} or timing=); "
+                          f"choose one of: {', '.join(TIMINGS)}")
+    if timing is not None:
+        return timing
+    tgt = get_target(target, device)
+    if tgt.provider == "cpu":
+        return "measured"
+    from xrl.cost.devices import gpu_model_names, this_machine_profile
+
+    foreign = device not in (None, "auto", "cuda") and gpu_model_names() and device != this_machine_profile()
+    import onnxruntime as ort
+
+    here = bool(gpu_model_names()) and "CUDAExecutionProvider" in ort.get_available_providers()
+    return "measured" if here and not foreign else "roofline"
 
 
 def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None = None, **options: Any) -> CostModel:
@@ -42,6 +74,9 @@ def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None
     Raises ConfigError for an unknown name or an option the backend does not take.
     """
     cls = COST_MODELS.get(name)
+    if name == "target":
+        timing = target_timing(device, options.get("target"), options.pop("timing", None))
+        cls = MeasuredKernelCostModel if timing == "measured" else TargetCostModel
     if cls is None:
         raise ConfigError(f"unknown cost model {name!r}; choose one of: {', '.join(COST_MODELS)}")
     params = inspect.signature(cls.__init__).parameters
@@ -63,6 +98,7 @@ __all__ = [
     "OrtCostModel",
     "TARGETS",
     "Target",
+    "MeasuredKernelCostModel",
     "TargetCostModel",
     "default_target",
     "get_target",

@@ -60,16 +60,39 @@ def default_cache_path() -> Path:
     return cache_dir() / CACHE_FILE
 
 
-class OpTimingCache:
-    """Op timings on disk: (config key, device id) -> Measurement, in an sqlite database (WAL mode).
+# A timing outside these bounds is not a kernel's run time on any machine: refused and measured again
+MAX_SANE_S = 60.0
+MAX_SANE_CV = 10.0
 
+
+def _checksum(key: str, device: str, median_s: float, cv: float, repeats: int, min_s: float, max_s: float) -> str:
+    """What a row's numbers must hash to: a flipped bit or a hand-edited timing is caught on read."""
+    text = f"{key}|{device}|{median_s!r}|{cv!r}|{int(repeats)}|{min_s!r}|{max_s!r}"
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def sane(m: Measurement) -> bool:
+    """A timing that could be real: finite, positive, below a minute, ordered min <= median <= max."""
+    values = (m.median_s, m.cv, m.min_s, m.max_s)
+    return (all(isinstance(v, float) and math.isfinite(v) for v in values) and isinstance(m.repeats, int)
+            and m.repeats >= 1 and 0 < m.median_s < MAX_SANE_S and 0 <= m.cv <= MAX_SANE_CV
+            and 0 < m.min_s <= m.median_s * (1 + 1e-9) and m.median_s <= m.max_s * (1 + 1e-9))
+
+
+class OpTimingCache:
+    """Timings on disk: (config key, device id) -> Measurement, in an sqlite database (WAL mode).
+
+    Every row carries a checksum of its numbers. A row that fails it, or holds a timing no machine
+    produces (`sane`), is deleted on read and reported missing, so the caller measures it again: a
+    corrupted cache costs time, never a wrong number. Any sqlite failure (a file that is not a
+    database, a locked or read-only file, another schema) is one `CacheError` line.
     The connection opens lazily, reopens after a fork, and is left out when the object is pickled.
     """
 
-    _SCHEMA = """CREATE TABLE IF NOT EXISTS op_timings_v1 (
+    _SCHEMA = """CREATE TABLE IF NOT EXISTS op_timings_v2 (
         key TEXT NOT NULL, device TEXT NOT NULL, config TEXT NOT NULL,
         median_s REAL NOT NULL, cv REAL NOT NULL, repeats INTEGER NOT NULL, min_s REAL NOT NULL, max_s REAL NOT NULL,
-        created REAL NOT NULL,
+        created REAL NOT NULL, checksum TEXT NOT NULL,
         PRIMARY KEY (key, device)) WITHOUT ROWID"""
 
     def __init__(self, path: str | Path) -> None:
@@ -77,12 +100,17 @@ class OpTimingCache:
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._lock = threading.Lock()
+        self.refused = 0  # rows deleted on read as corrupted or insane
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])
+
+    def _error(self, e: BaseException) -> CacheError:
+        return CacheError(f"cannot use {self.path} as xrl's timing cache ({e}); delete it, or pass another "
+                          f"cache_path (or set ${CACHE_ENV})")
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
@@ -93,32 +121,58 @@ class OpTimingCache:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable across a killed process, never corrupt
             conn.execute(self._SCHEMA)
+            columns = [r[1] for r in conn.execute("PRAGMA table_info(op_timings_v2)")]
+            if "checksum" not in columns:
+                raise sqlite3.DatabaseError("table op_timings_v2 has another schema")
         except (sqlite3.Error, OSError) as e:
-            raise CacheError(f"cannot use {self.path} as the op timing cache ({e}); delete it, or pass another "
-                             f"cache_path (or set ${CACHE_ENV})") from None
+            raise self._error(e) from None
         self._conn, self._pid = conn, os.getpid()
         return conn
 
     def get(self, key: str, device: str) -> Measurement | None:
-        with self._lock:
-            row = self._connection().execute(
-                "SELECT median_s, repeats, cv, min_s, max_s FROM op_timings_v1 WHERE key = ? AND device = ?",
-                (key, device)).fetchone()
-        return None if row is None else Measurement(row[0], row[1], row[2], row[3], row[4])
+        try:
+            with self._lock:
+                conn = self._connection()
+                row = conn.execute("SELECT median_s, repeats, cv, min_s, max_s, checksum FROM op_timings_v2 "
+                                   "WHERE key = ? AND device = ?", (key, device)).fetchone()
+                if row is None:
+                    return None
+                median_s, repeats, cv, min_s, max_s, checksum = row
+                try:
+                    m = Measurement(float(median_s), int(repeats), float(cv), float(min_s), float(max_s))
+                    ok = sane(m) and checksum == _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    conn.execute("DELETE FROM op_timings_v2 WHERE key = ? AND device = ?", (key, device))
+                    self.refused += 1
+                    return None
+                return m
+        except sqlite3.Error as e:
+            raise self._error(e) from None
 
     def put(self, key: str, device: str, config: str, m: Measurement) -> Measurement:
-        """Store `m` unless another process stored this key first; returns the stored value."""
-        with self._lock:
-            conn = self._connection()
-            conn.execute("INSERT OR IGNORE INTO op_timings_v1 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (key, device, config, m.median_s, m.cv, m.repeats, m.min_s, m.max_s, time.time()))
+        """Store `m` unless another process stored this key first; returns the stored value. An insane
+        `m` (a timer glitch) is returned to the caller but not stored."""
+        if not sane(m):
+            return m
+        row = (key, device, config, m.median_s, m.cv, m.repeats, m.min_s, m.max_s, time.time(),
+               _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s))
+        try:
+            with self._lock:
+                self._connection().execute("INSERT OR IGNORE INTO op_timings_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                           row)
+        except sqlite3.Error as e:
+            raise self._error(e) from None
         stored = self.get(key, device)
-        assert stored is not None
-        return stored
+        return m if stored is None else stored
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._connection().execute("SELECT COUNT(*) FROM op_timings_v1").fetchone()[0])
+        try:
+            with self._lock:
+                return int(self._connection().execute("SELECT COUNT(*) FROM op_timings_v2").fetchone()[0])
+        except sqlite3.Error as e:
+            raise self._error(e) from None
 
     def close(self) -> None:
         with self._lock:

@@ -420,4 +420,11 @@ def deduplicate(graph: Graph) -> Graph:
 
 def runtime_kernels(graph: Graph, provider: str = "cpu") -> list[Kernel]:
     """The kernels onnxruntime (ORT_ENABLE_EXTENDED, `provider` "cpu" or "cuda") runs for `graph`."""
-    return _Walker(deduplicate(graph), provider).run()
+    return runtime_plan(graph, provider)[1]
+
+
+def runtime_plan(graph: Graph, provider: str = "cpu") -> tuple[Graph, list[Kernel]]:
+    """The graph onnxruntime runs after eliminating common subexpressions, and its kernels: a kernel's
+    nodes are that graph's (a caller that builds a kernel alone must read their values there)."""
+    dedup = deduplicate(graph)
+    return dedup, _Walker(dedup, provider).run()

@@ -1,0 +1,366 @@
+"""The measured cost of an onnxruntime target: each kernel the runtime runs, timed alone on this machine.
+
+The roofline of `TargetCostModel` ranks candidates by an estimate that the machine contradicts on the
+rewrites that matter (merging small GEMMs and convolutions). This model keeps the same kernels (what
+`xrl.cost.runtime_fusion` predicts onnxruntime runs after its own fusions, checked against the models
+onnxruntime writes) and replaces each kernel's roofline by a timing, as TASO timed each operator on
+the device it optimised for:
+
+- Each kernel becomes a small ONNX model: its nodes with their real shapes, attributes and weights,
+  the values it reads from outside as inputs, the values it writes for outside as outputs. onnxruntime
+  loads it with the target's provider, thread count and optimisation level, so it fuses the kernel's
+  nodes as it would in the whole graph.
+- New kernels are timed together, interleaved: warm-up, then `repeats` rounds, each running every
+  kernel for one sample of at least `min_sample_s`; a kernel's time is the median of its samples, its
+  spread is kept. Interleaving puts the machine's drift on every kernel alike.
+- A session run has a fixed cost and each kernel a dispatch cost, both measured once per machine
+  (`RunOverhead`: one trivial kernel against a chain of them). A kernel's cost is its timed run less
+  the fixed part; a graph's cost is the fixed part plus the sum of its kernels' costs.
+- Timings persist in the on-disk cache shared with the `op` model's design (`OpTimingCache`: one
+  transaction per timing, insane or tampered entries refused and re-measured), in `kernel_costs.sqlite`,
+  keyed by the kernel's canonical form (names and weight values play no part) and by the runtime's
+  version, provider, threads and the CPU or GPU model.
+- A kernel not yet timed is timed on first use. Past `deadline` (the search's time limit) or when
+  onnxruntime cannot run it alone, its cost is the roofline scaled by the measured-to-roofline ratio
+  of the kernels timed so far: a named fallback, counted in `stats`.
+
+What it is: a sum of measured parts, so it is still a model of the whole graph (memory effects
+between kernels are not in it); `experiments/validate_cost.py` checks it against end-to-end timing.
+Once its kernels are in the cache it is deterministic and costs microseconds per candidate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xrl.cost.base import Measurement
+from xrl.cost.op_measured import OpTimingCache, _cpu_model, _stable, cache_dir
+from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_plan
+from xrl.cost.targets import TargetCostModel
+from xrl.cost.timing import check_counts, summarize
+from xrl.errors import ConfigError
+from xrl.ir import Graph, TensorType
+
+log = logging.getLogger(__name__)
+
+KERNEL_CACHE_FILE = "kernel_costs.sqlite"
+_SMALL_CONST = 64  # integer weights up to this many elements are shape-like: their values decide the work
+_OVERHEAD_CHAIN = 16  # trivial kernels in the chain that measures the per-kernel dispatch cost
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """One kernel as a stand-alone graph, and the key that decides its run time."""
+
+    graph: Graph
+    key: str
+    config: str
+
+
+def kernel_model(kernel: Kernel, graph: Graph) -> KernelModel:
+    """The graph of `kernel`'s nodes alone: what it reads from outside as inputs (weights as weights),
+    what it writes for outside as outputs. Its key is a canonical form: value names are replaced by
+    their position, weights by their type (and, for small integer weights, their values)."""
+    nodes = kernel.nodes
+    inside = {v for n in nodes for v in n.outputs}
+    members = {n.name for n in nodes}
+    outputs = tuple(dict.fromkeys(
+        v for n in nodes for v in n.outputs
+        if v in graph.outputs or any(u.name not in members for u in graph.consumers.get(v, ()))))
+    if not outputs:  # everything it computes stays inside: keep its last output so the run does the work
+        outputs = (nodes[-1].outputs[0],)
+    order = [n for n in graph.topological_order if n.name in members] if len(nodes) > 1 else list(nodes)
+    acts: list[str] = []
+    weights: dict[str, np.ndarray] = {}
+    canon: dict[str, str] = {}
+    for n in order:
+        for v in n.inputs:
+            if not v or v in inside or v in canon:
+                continue
+            if graph.is_weight(v):
+                canon[v] = f"w{len(weights)}"
+                weights[v] = graph.initializers[v]
+            else:
+                canon[v] = f"x{len(acts)}"
+                acts.append(v)
+    for i, n in enumerate(order):
+        for j, v in enumerate(n.outputs):
+            canon[v] = f"n{i}.{j}"
+    entries = []
+    for n in order:
+        consts = {}
+        for i, v in enumerate(n.inputs):
+            w = weights.get(v)
+            if w is not None and w.size <= _SMALL_CONST and not np.issubdtype(w.dtype, np.floating):
+                consts[str(i)] = [int(x) for x in w.reshape(-1)]
+        entries.append({"op": n.op, "domain": n.domain, "attrs": {k: _stable(a) for k, a in n.attrs.items()},
+                        "in": [canon.get(v, "") for v in n.inputs], "consts": consts,
+                        "out": [canon[v] for v in n.outputs]})
+    values = [*acts, *weights, *(v for n in order for v in n.outputs)]
+    config = json.dumps({"kernel": kernel.op, "nodes": entries, "written": [canon[v] for v in outputs],
+                         "types": {canon[v]: str(graph.type_of(v)) for v in values}},
+                        sort_keys=True, separators=(",", ":"))
+    types = {v: graph.type_of(v) for v in values}
+    sub = Graph(order, acts, outputs, types, weights, name=f"kernel_{kernel.op}", domain_opsets=graph.domain_opsets)
+    return KernelModel(sub, hashlib.sha256(config.encode()).hexdigest()[:32], config)
+
+
+def trivial_chain(length: int) -> Graph:
+    """`length` Adds of one-element tensors in a chain: the run overhead and per-kernel dispatch probe."""
+    from xrl.ir import Node
+
+    t = TensorType((1,), "float32")
+    nodes, prev = [], "x"
+    for i in range(length):
+        nodes.append(Node(f"add{i}", "Add", (prev, "y"), (f"v{i}",)))
+        prev = f"v{i}"
+    types = {"x": t, "y": t, **{f"v{i}": t for i in range(length)}}
+    return Graph(nodes, ["x", "y"], [prev], types, name=f"chain{length}")
+
+
+@dataclass(frozen=True)
+class RunOverhead:
+    """What a session run costs besides its kernels: `fixed_s` once per run, `dispatch_s` per kernel."""
+
+    fixed_s: float
+    dispatch_s: float
+
+
+class MeasuredKernelCostModel(TargetCostModel):
+    """The sum of the measured run times of the kernels a target's onnxruntime runs, plus its run overhead."""
+
+    name = "target"
+    measured = False  # cached timings: the same graph costs the same on every call, no confirmation needed
+
+    def __init__(self, *, device: str | None = None, target: str | None = None, threads: int | None = 1,
+                 warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4, cache_path: str | Path | None = None,
+                 seed: int = 0, max_kernels_per_batch: int = 64) -> None:
+        """threads: onnxruntime intra-op threads while timing (1, as `--measure`: timings other tenants of
+            a shared machine inflate least); None: onnxruntime's default.
+        min_sample_s: one sample runs a fast kernel as many times as it takes to last this long.
+        """
+        super().__init__(device=device, target=target)
+        check_counts(warmup, repeats, "the measured kernel cost", threads=threads)
+        self.threads, self.warmup, self.repeats, self.seed = threads, warmup, repeats, seed
+        self.min_sample_s = min_sample_s
+        self.max_kernels_per_batch = max_kernels_per_batch
+        self.cache = OpTimingCache(cache_path or cache_dir() / KERNEL_CACHE_FILE)
+        self.providers = _providers(self.target.provider)
+        self.device_id = _device_id(self.target.provider, threads)
+        self.deadline: float | None = None  # time.monotonic() past which new kernels are not timed
+        self.stats: dict[str, float] = {"cache_hits": 0, "measured": 0, "measure_s": 0.0, "fallback": 0}
+        self._by_key: dict[str, Measurement] = {}
+        self._measured_costs: dict[tuple, float] = {}  # (op, nodes, written) -> seconds: node objects are shared
+        self._roofline_s = 0.0  # the roofline of the kernels timed so far: the fallback's scale
+        self._timed_s = 0.0
+        self._overhead: RunOverhead | None = None
+
+    # ----- the CostModel interface --------------------------------------------------------------
+    def cost(self, graph: Graph) -> float:
+        key = graph.canonical_hash
+        c = self._costs.get(key)
+        if c is None:
+            plan, kernels = runtime_plan(graph, self.target.provider)
+            self._time_missing(kernels, plan)
+            c = self.overhead().fixed_s + math.fsum(self.kernel_cost(k, plan) for k in kernels)
+            if len(self._costs) >= self.CACHE_SIZE:
+                self._costs.clear()
+                self._kernel_costs.clear()
+                self._measured_costs.clear()
+            self._costs[key] = c
+        return c
+
+    def kernels(self, graph: Graph) -> list[Kernel]:
+        return runtime_plan(graph, self.target.provider)[1]
+
+    def op_costs(self, graph: Graph) -> dict[str, float]:
+        plan, kernels = runtime_plan(graph, self.target.provider)
+        self._time_missing(kernels, plan)
+        out = {n: 0.0 for n in graph.nodes}
+        for k in kernels:
+            out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self.kernel_cost(k, plan)
+        return out
+
+    def kernel_cost(self, k: Kernel, graph: Graph) -> float:
+        if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes:
+            return 0.0  # a separate activation kernel is timed with its anchor's model (exported as the pair)
+        memo_key = (k.op, k.nodes, _written(k, graph))
+        memo = self._measured_costs.get(memo_key)
+        if memo is not None:
+            return memo
+        km = kernel_model(k, graph)
+        m = self._by_key.get(km.key) or self._lookup(km)
+        if m is None:  # not timed: the named fallback
+            self.stats["fallback"] += 1
+            c = super().kernel_cost(k, graph) * self._fallback_scale()
+        else:
+            c = max(m.median_s - self.overhead().fixed_s, self.overhead().dispatch_s)
+        self._measured_costs[memo_key] = c
+        return c
+
+    def describe(self) -> str:
+        where = "cpu" if self.target.provider == "cpu" else "cuda"
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else "default threads"
+        fallback = f"; {int(self.stats['fallback'])} kernels costed by the scaled roofline" \
+            if self.stats["fallback"] else ""
+        return f"{self.target.name}: measured kernels (onnxruntime {where}, {threads}){fallback}"
+
+    def report(self) -> dict[str, Any]:
+        """Cache hit rate and time spent measuring, for `--json` and training logs."""
+        looked_up = self.stats["cache_hits"] + self.stats["measured"]
+        return {"kernel_cache_hits": int(self.stats["cache_hits"]), "kernels_measured": int(self.stats["measured"]),
+                "kernel_cache_hit_rate": self.stats["cache_hits"] / looked_up if looked_up else None,
+                "measure_s": round(self.stats["measure_s"], 3), "fallback_kernels": int(self.stats["fallback"]),
+                "cache": str(self.cache.path), "device_id": self.device_id}
+
+    # ----- measuring ----------------------------------------------------------------------------
+    def overhead(self) -> RunOverhead:
+        """The fixed cost of a run and the dispatch cost of a kernel: from the cache, else measured now."""
+        if self._overhead is None:
+            one, chain = kernel_model_of(trivial_chain(1)), kernel_model_of(trivial_chain(_OVERHEAD_CHAIN + 1))
+            got = [self.cache.get(k.key, self.device_id) for k in (one, chain)]
+            if any(m is None for m in got):
+                timed = self._time_batch([one, chain], repeats=max(self.repeats, 15))
+                got = [self.cache.put(k.key, self.device_id, k.config, timed[k.key]) for k in (one, chain)]
+            t1, tn = got[0].median_s, got[1].median_s
+            dispatch = max((tn - t1) / _OVERHEAD_CHAIN, 0.0)
+            self._overhead = RunOverhead(max(t1 - dispatch, 0.0), dispatch)
+        return self._overhead
+
+    def _lookup(self, km: KernelModel) -> Measurement | None:
+        m = self.cache.get(km.key, self.device_id)
+        if m is not None:
+            self.stats["cache_hits"] += 1
+            self._by_key[km.key] = m
+        return m
+
+    def _time_missing(self, kernels: Sequence[Kernel], graph: Graph) -> None:
+        """Time, together and interleaved, every kernel of `graph` that has no timing yet."""
+        todo: dict[str, tuple[KernelModel, Kernel]] = {}
+        for k in kernels:
+            if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes \
+                    or (k.op, k.nodes, _written(k, graph)) in self._measured_costs:
+                continue
+            km = kernel_model(k, graph)
+            if km.key in todo or km.key in self._by_key or self._lookup(km) is not None:
+                continue
+            todo[km.key] = (km, k)
+        if not todo:
+            return
+        self.overhead()
+        items = list(todo.values())
+        for start in range(0, len(items), self.max_kernels_per_batch):
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                return  # the rest falls back to the scaled roofline
+            batch = items[start:start + self.max_kernels_per_batch]
+            t0 = time.perf_counter()
+            timed = self._time_batch([km for km, _ in batch])
+            self.stats["measure_s"] += time.perf_counter() - t0
+            for km, k in batch:
+                m = timed.get(km.key)
+                if m is None:
+                    continue
+                m = self.cache.put(km.key, self.device_id, km.config, m)
+                self._by_key[km.key] = m
+                self.stats["measured"] += 1
+                self._roofline_s += super().kernel_cost(k, graph)
+                self._timed_s += max(m.median_s - self.overhead().fixed_s, 0.0)
+
+    def _fallback_scale(self) -> float:
+        return self._timed_s / self._roofline_s if self._roofline_s > 0 and self._timed_s > 0 else 1.0
+
+    def _time_batch(self, models: Sequence[KernelModel], repeats: int | None = None) -> dict[str, Measurement]:
+        """key -> Measurement for each model onnxruntime can run: sessions built, warmed up, then
+        `repeats` rounds that take one sample of every kernel in turn."""
+        runners: dict[str, Any] = {}
+        for km in models:
+            try:
+                runners[km.key] = self._runner(km.graph)
+            except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+                log.warning("onnxruntime cannot run kernel %s alone (%s); it is costed by the scaled roofline",
+                            km.graph.name, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        inner: dict[str, int] = {}
+        for key, run in runners.items():
+            for _ in range(self.warmup):
+                run()
+            t0 = time.perf_counter()
+            run()
+            one = time.perf_counter() - t0
+            inner[key] = max(1, min(10_000, math.ceil(self.min_sample_s / max(one, 1e-7))))
+        samples: dict[str, list[float]] = {k: [] for k in runners}
+        keys = list(runners)
+        for r in range(repeats or self.repeats):
+            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else keys  # rotate who goes first
+            for key in order:
+                run, n = runners[key], inner[key]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    run()
+                samples[key].append((time.perf_counter() - t0) / n)
+        return {k: summarize(v) for k, v in samples.items()}
+
+    def _runner(self, graph: Graph):
+        import onnxruntime as ort
+
+        from xrl.cost.ort import _runner, random_inputs
+        from xrl.frontends.onnx_io import to_onnx
+        from xrl.quiet import quiet_onnxruntime
+
+        quiet_onnxruntime()
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = 1
+        if self.threads:
+            so.intra_op_num_threads = self.threads
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), so, providers=list(self.providers))
+        return _runner(sess, random_inputs(graph, self.seed), cuda=self.providers[0] == "CUDAExecutionProvider")
+
+
+def _written(k: Kernel, graph: Graph) -> tuple[str, ...]:
+    """The values `k` writes for readers outside it (its cost depends on them as well as its nodes)."""
+    members = {n.name for n in k.nodes}
+    return tuple(v for n in k.nodes for v in n.outputs
+                 if v in graph.outputs or any(u.name not in members for u in graph.consumers.get(v, ())))
+
+
+def kernel_model_of(graph: Graph) -> KernelModel:
+    """A whole small graph as one KernelModel (the overhead probes)."""
+    config = json.dumps({"probe": graph.name, "hash": graph.canonical_hash}, sort_keys=True)
+    return KernelModel(graph, hashlib.sha256(config.encode()).hexdigest()[:32], config)
+
+
+def _providers(provider: str) -> tuple[str, ...]:
+    import onnxruntime as ort
+
+    if provider == "cpu":
+        return ("CPUExecutionProvider",)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ConfigError("the measured cost of target ort-cuda needs onnxruntime with the CUDA execution provider "
+                          "(onnxruntime-gpu); estimate instead with --cost roofline")
+    return ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def _device_id(provider: str, threads: int | None) -> str:
+    """What a kernel timing is valid for: the runtime, its provider and threads, and the processor."""
+    import onnxruntime as ort
+
+    if provider == "cuda":
+        from xrl.cost.devices import gpu_model_names
+
+        where = "|".join(gpu_model_names()) or "unknown gpu"
+    else:
+        where = _cpu_model()
+    return f"ort={ort.__version__}|{provider}|threads={threads or os.cpu_count()}|{where}|kernel-v1"
