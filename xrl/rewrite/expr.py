@@ -168,10 +168,59 @@ def vsub(a: Iterable[Any], b: Iterable[Any]) -> tuple[int, ...]:
     return vadd(a, [-int(v) for v in b])
 
 
+def vmax(a: Iterable[Any], b: Iterable[Any]) -> tuple[int, ...]:
+    """Elementwise maximum of two integer sequences of one length (two kernels' spatial shapes)."""
+    a, b = [int(v) for v in a], [int(v) for v in b]
+    if len(a) != len(b):
+        raise ValueError(f"vmax: lengths {len(a)} and {len(b)} differ")
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
+def same_pads(kernel: Iterable[Any], dilations: Iterable[Any]) -> tuple[int, ...]:
+    """The pads (begins, then ends) that keep a stride-1 conv's output the size of its input, centred:
+    dilation * (k - 1) / 2 per spatial dim. Only odd kernels have them (an even one raises)."""
+    k, d = [int(v) for v in kernel], [int(v) for v in dilations]
+    if len(k) != len(d) or any(v % 2 == 0 for v in k):
+        raise ValueError(f"same_pads: kernel {tuple(k)} with dilations {tuple(d)}")
+    half = tuple(di * (ki - 1) // 2 for ki, di in zip(k, d))
+    return half + half
+
+
+def centre_pads(kernel: Iterable[Any], to: Iterable[Any]) -> tuple[int, ...]:
+    """The Pad amounts of a conv filter (O, I, *kernel) that zero-pad its kernel to `to`, centred (odd
+    sizes): with pads grown by dilation times as much, the enlarged conv computes what the small one did."""
+    k, t = [int(v) for v in kernel], [int(v) for v in to]
+    if len(k) != len(t) or any(a > b or (b - a) % 2 for a, b in zip(k, t)):
+        raise ValueError(f"centre_pads: kernel {tuple(k)} does not centre in {tuple(t)}")
+    half = tuple((b - a) // 2 for a, b in zip(k, t))
+    return (0, 0) + half + (0, 0) + half
+
+
+def identity_kernel(shape: Iterable[Any]) -> np.ndarray:
+    """The convolution filter of shape (O, I, *kernel) that copies its input: out[o] = in[o] (float64).
+
+    Filter o has a one at input channel `o % I` and the kernel's centre tap, zeros elsewhere: with
+    group g and O = I * g channels in and out, output channel o reads the group holding input
+    channel o, where that channel is number o % I. Exact for "same"-padded odd kernels of any dilation.
+    Structural re-parameterisation (RepVGG) writes an identity branch, or a BatchNorm of the input, as
+    this kernel (scaled per channel) so that it can be summed into a parallel convolution's filters:
+    the rule language has no op that makes it from shapes, so it is this one function."""
+    dims = tuple(int(d) for d in shape)
+    if len(dims) < 3 or min(dims) <= 0 or any(k % 2 == 0 for k in dims[2:]):
+        raise ValueError(f"identity_kernel: {dims} is not (O, I, odd kernel...)")
+    if _safe_prod(dims) > MAX_SEQUENCE * 100:
+        raise _Limit(f"an identity kernel of shape {dims} is over {MAX_SEQUENCE * 100:,} elements")
+    out = np.zeros(dims, np.float64)
+    o = np.arange(dims[0])
+    out[(o, o % dims[1]) + tuple(k // 2 for k in dims[2:])] = 1.0
+    return out
+
+
 PURE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "len": len, "tuple": tuple, "range": _safe_range, "min": min, "max": max, "abs": abs, "sum": sum, "all": all,
     "any": any, "int": int, "float": float, "sorted": sorted, "prod": _safe_prod, "compose": compose,
     "inverse": inverse, "bcast": bcast, "channel_vector": channel_vector, "vadd": vadd, "vsub": vsub,
+    "vmax": vmax, "same_pads": same_pads, "centre_pads": centre_pads, "identity_kernel": identity_kernel,
 }
 TENSOR_FUNCTIONS = frozenset(_tensor_functions(None).keys())  # type: ignore[arg-type]
 FUNCTIONS = frozenset(PURE_FUNCTIONS) | TENSOR_FUNCTIONS
