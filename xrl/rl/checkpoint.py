@@ -4,20 +4,26 @@ states and counters that let `resume=PATH` continue exactly where the run stoppe
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
 `torch.load(weights_only=True)`: opening a policy file never runs code from it. Files are written
 to a temporary name beside the target and renamed over it, so a crash never leaves half a file.
+Every checkpoint carries a SHA-256 of its contents (`checksum`), checked on every load: a changed
+weight is refused, not silently used. A file written before checksums (no `checksum` entry) loads
+with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import struct
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xrl.errors import XrlError
+from xrl.errors import XrlError, XrlWarning
 from xrl.nn.policy import GraphPolicy, PolicyConfig
 
 FORMAT = "xrl-policy/1"
@@ -27,7 +33,60 @@ class CheckpointError(XrlError):
     """A policy or training checkpoint that is missing, unreadable, or not an xrl checkpoint."""
 
 
+CHECKSUM = "checksum"  # the entry holding "sha256:<hex>" of every other entry
+
+
+def content_digest(obj: Any) -> str:
+    """SHA-256 of a checkpoint's contents (without its checksum entry), independent of how torch
+    serialises them: tensors by dtype, shape and bytes; dicts by sorted keys; numbers by repr."""
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(b"T" + str(t.dtype).encode() + repr(tuple(t.shape)).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            h.update(b"D" + struct.pack("<q", len(x)))
+            for k in sorted(x, key=repr):
+                if x is obj and k == CHECKSUM:
+                    continue
+                feed(k)
+                feed(x[k])
+        elif isinstance(x, list | tuple):
+            h.update(b"L" + struct.pack("<q", len(x)))
+            for v in x:
+                feed(v)
+        elif isinstance(x, np.ndarray):
+            feed(torch.from_numpy(np.ascontiguousarray(x)))
+        else:  # str, int, float, bool, None, numpy scalars: their repr says type and value
+            h.update(b"S" + type(x).__name__.encode() + b":" + repr(x).encode() + b";")
+
+    feed(obj)
+    return "sha256:" + h.hexdigest()
+
+
+def with_checksum(ckpt: dict[str, Any]) -> dict[str, Any]:
+    return {**ckpt, CHECKSUM: content_digest({k: v for k, v in ckpt.items() if k != CHECKSUM})}
+
+
+def verify_checksum(ckpt: dict[str, Any], path: str | Path) -> None:
+    """CheckpointError when the stored checksum does not match the contents; a warning when there is none."""
+    stored = ckpt.get(CHECKSUM)
+    if stored is None:
+        warnings.warn(f"{path} carries no checksum (written by an older xrl): its weights cannot be checked; "
+                      "save it again (`xrl train resume=...` or export_policy) to add one", XrlWarning, stacklevel=3)
+        return
+    actual = content_digest({k: v for k, v in ckpt.items() if k != CHECKSUM})
+    if stored != actual:
+        raise CheckpointError(f"{path} is corrupt: its contents do not match its checksum (the file was changed "
+                              "after xrl wrote it); use another checkpoint")
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """Write `obj` (a dict gets its checksum entry) to a temporary beside `path`, then rename it over `path`."""
+    if isinstance(obj, dict):
+        obj = with_checksum(obj)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -95,6 +154,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a readable xrl checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an xrl policy checkpoint (expected format {FORMAT})")
+    verify_checksum(ckpt, path)
     return ckpt
 
 

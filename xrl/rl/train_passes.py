@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from xrl.env.pass_order import PASSES, PassOrderingEnv, default_order, run_order, suite_graphs  # noqa: F401 - callers import suite_graphs from here too
 from xrl.errors import ConfigError
-from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state
+from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state, verify_checksum
 from xrl.rl.loggers import make_logger, plot_learning_curves
 from xrl.rl.ppo import PPOConfig, RolloutBatch, ppo_update
 from xrl.rl.rollout import EpisodeRecord
@@ -136,6 +136,7 @@ def load_pass_checkpoint(path: str | Path) -> dict[str, Any]:
         found = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise CheckpointError(f"{path} is not a pass-ordering policy (format {found!r}, expected {FORMAT}); "
                               "a rewrite policy is evaluated by `xrl eval` without --env pass_ordering")
+    verify_checksum(ckpt, path)
     return ckpt
 
 
