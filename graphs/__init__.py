@@ -3,8 +3,13 @@
 Each built-in graph is a builder that returns a valid float32 ONNX model (opset 17) with seeded
 weights: `build("bert", batch=1, seed=0)`. The same name, batch and seed always give a
 byte-identical model. Suites: "xrlflow" (X-RLflow's evaluation graphs), "taso" (the extra TASO and
-Tensat benchmarks), "small" (tiny graphs for fast tests and demos) and "headroom" (graphs where the
-best rewrite sequence starts with steps greedy search does not take: `graphs/headroom.py`).
+Tensat benchmarks), "small" (tiny graphs for fast tests and demos), "headroom" (graphs where the
+best rewrite sequence starts with steps greedy search does not take: `graphs/headroom.py`), and the
+deployment families of issue 23 (`graphs/families/`): torch modules exported with both torch exporters,
+"families" at small size (`fam_<member>_<ts|dynamo>`) and "families_full" at deployment size
+(`fam_<member>_full_<ts|dynamo>`). A family graph is an exporter's output: its opset is the exporter's
+(17 for TorchScript, 18 for dynamo), its inputs may be int64 masks, and it needs torch (and onnxscript
+for dynamo) to build; dynamo's output is value-deterministic for a seed (see tests/test_families.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ class BuiltinGraph:
     build: Callable[..., onnx.ModelProto]  # build(batch: int = 1, seed: int = 0)
 
 
-SUITES = ("xrlflow", "taso", "small", "headroom")
+SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full")
 
 _GRAPHS = [
     BuiltinGraph("bert", "transformer", transformers.BERT_DOC, "xrlflow", transformers.bert),
@@ -57,11 +62,41 @@ _GRAPHS = [
     BuiltinGraph("fire_small", "cnn", headroom.FIRE_SMALL_DOC, "headroom", headroom.fire_small),
     BuiltinGraph("inception_a_small", "cnn", headroom.INCEPTION_A_SMALL_DOC, "headroom", headroom.inception_a_small),
 ]
+
+
+def _family_builder(name: str, member: str, size: str, exporter: str,
+                    description: str) -> Callable[..., onnx.ModelProto]:
+    def build(batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+        from . import families  # torch: imported only when a family graph is built
+
+        model = families.build_onnx(member, size, exporter, seed=seed, batch=batch)
+        model.graph.name, model.doc_string = name, description
+        return model
+
+    return build
+
+
+def _family_graphs() -> list[BuiltinGraph]:
+    from .families import DESCRIPTIONS, KINDS
+
+    out = []
+    for size, suite, tag in (("small", "families", ""), ("full", "families_full", "_full")):
+        for member, text in DESCRIPTIONS.items():
+            for exporter in ("ts", "dynamo"):
+                name = f"fam_{member}{tag}_{exporter}"
+                desc = f"{text} ({size} size, {'TorchScript' if exporter == 'ts' else 'dynamo'} export)"
+                out.append(BuiltinGraph(name, KINDS[member], desc, suite,
+                                        _family_builder(name, member, size, exporter, desc)))
+    return out
+
+
+_GRAPHS += _family_graphs()
 BUILTIN_GRAPHS: dict[str, BuiltinGraph] = {g.name: g for g in _GRAPHS}
 
 
 def names(suite: str | None = None) -> list[str]:
-    """Built-in graph names in registry order (xrlflow, taso, small, headroom), optionally of one suite."""
+    """Built-in graph names in registry order (xrlflow, taso, small, headroom, families, families_full),
+    optionally of one suite."""
     if suite is not None and suite not in SUITES:
         raise UnknownGraphError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
     return [g.name for g in _GRAPHS if suite is None or g.suite == suite]

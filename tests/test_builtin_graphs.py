@@ -13,7 +13,8 @@ from onnx import numpy_helper
 from xrl import graphs
 from xrl.errors import ConfigError, UnknownGraphError
 
-ALL = graphs.names()
+# The deployment families (torch exports, seconds each, exporters' opsets) are tested in tests/test_families.py.
+ALL = [n for n in graphs.names() if not graphs.BUILTIN_GRAPHS[n].suite.startswith("families")]
 # 63M-144M weights each: rebuilding them costs seconds, so their rebuild tests are marked slow.
 HEAVY = ("bert", "vit", "dalle", "vgg19")
 ALL_HEAVY_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ALL]

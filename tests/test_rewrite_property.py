@@ -18,7 +18,9 @@ from xrl.search.random_search import random_search
 
 HLO = sorted((Path(xrl.graphs.__file__).parent / "hlo").glob("*.hlo"))
 SMALL = ["mlp", "tiny_cnn"]
-LARGE = [n for n in xrl.graphs.names() if n not in SMALL]
+# (the deployment families, torch exports, are tested in tests/test_families.py)
+LARGE = [n for n in xrl.graphs.names()
+         if n not in SMALL and not xrl.graphs.BUILTIN_GRAPHS[n].suite.startswith("families")]
 
 
 @pytest.fixture(scope="module")

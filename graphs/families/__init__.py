@@ -14,17 +14,50 @@ for the benchmark; exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18
 from __future__ import annotations
 
 import functools
+import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from . import attention, llama, lora, reparam
-from .export import EXPORTERS, SIZES, Built, export, exporter_key, feeds
+if TYPE_CHECKING:
+    from .export import Built
 
-FAMILIES: dict[str, ModuleType] = {"lora": lora, "reparam": reparam, "llama": llama, "attention": attention}
-MEMBERS: dict[str, str] = {m: fam for fam, mod in FAMILIES.items() for m in mod.MEMBERS}  # member -> family
+# Nothing here imports torch: the family modules are imported when a member is built.
+FAMILIES = ("lora", "reparam", "llama", "attention")
+EXPORTERS = ("ts", "dynamo")
+SIZES = ("small", "full")
+# member -> (family, kind for the registry, one-line description)
+_TABLE = {
+    "lora_encoder": ("lora", "transformer", "BERT-style post-LN encoder layers with PEFT LoRA (r 16) on q/k/v/o and "
+                     "the MLP, unmerged"),
+    "lora_decoder": ("lora", "transformer", "OPT-style pre-LN causal decoder layers with PEFT LoRA (r 8) on q/k/v/o "
+                     "and the MLP, unmerged"),
+    "lora_vit": ("lora", "transformer", "ViT with PEFT LoRA (r 32) on q/k/v/o and the MLP, unmerged"),
+    "lora_server": ("lora", "transformer", "BERT-style encoder with q/v LoRA adapters (r 8) as graph inputs (a "
+                    "multi-LoRA server: nothing may be merged)"),
+    "repvgg": ("reparam", "cnn", "RepVGG-A0-layout CNN in training form (3x3+BN, 1x1+BN, identity BN per block)"),
+    "acnet": ("reparam", "cnn", "ACNet CNN in training form (3x3, 1x3, 3x1 conv+BN per block)"),
+    "dbb": ("reparam", "cnn", "Diverse Branch Block CNN in training form (3x3, 1x1, 1x1-avg, 1x1-3x3 branches)"),
+    "mobileone": ("reparam", "cnn", "MobileOne-style CNN in training form (over-parameterised dw/pw branches)"),
+    "llama": ("llama", "transformer", "LLaMA-style decoder: RMSNorm, rotate-half RoPE, SwiGLU, GQA, causal SDPA"),
+    "llama_eager": ("llama", "transformer", "LLaMA-style decoder: RMSNorm, interleaved RoPE, SwiGLU, GQA, explicit "
+                    "softmax with an additive causal mask"),
+    "attn_mha": ("attention", "transformer", "post-LN encoder layers with nn.MultiheadAttention and a key padding "
+                 "mask"),
+    "attn_mha_causal": ("attention", "transformer", "pre-LN layers with bias-free nn.MultiheadAttention and a "
+                        "boolean causal mask"),
+    "attn_sdpa": ("attention", "transformer", "pre-LN layers, bias-free separate q/k/v, F.scaled_dot_product_attention "
+                  "with a boolean padding mask"),
+    "attn_packed": ("attention", "transformer", "pre-LN layers with timm's packed-QKV attention, explicit softmax"),
+    "attn_bert": ("attention", "transformer", "post-LN layers with HF BertSelfAttention (separate biased q/k/v, "
+                  "additive mask)"),
+}
+MEMBERS: dict[str, str] = {m: fam for m, (fam, _, _) in _TABLE.items()}  # member -> family
+KINDS: dict[str, str] = {m: kind for m, (_, kind, _) in _TABLE.items()}
+DESCRIPTIONS: dict[str, str] = {m: text for m, (_, _, text) in _TABLE.items()}
 # one member per family that the fast tests build with both exporters
 REPRESENTATIVE = {"lora": "lora_encoder", "reparam": "repvgg", "llama": "llama", "attention": "attn_bert"}
 # what onnxruntime's transformers optimizer is told (None: not a transformer, the peer does not apply)
@@ -32,7 +65,11 @@ ORT_MODEL_TYPE = {"lora_encoder": "bert", "lora_server": "bert", "lora_decoder":
                   "llama": "gpt2", "llama_eager": "gpt2", "attn_mha": "bert", "attn_mha_causal": "gpt2",
                   "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert"}
 
-__doc__ += "\n".join(f"- {fam}: {', '.join(mod.MEMBERS)}" for fam, mod in FAMILIES.items()) + "\n"
+__doc__ += "\n".join(f"- {fam}: {', '.join(m for m, f in MEMBERS.items() if f == fam)}" for fam in FAMILIES) + "\n"
+
+
+def family_module(family: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{family}")
 
 
 def check(member: str, size: str) -> None:
@@ -45,25 +82,28 @@ def check(member: str, size: str) -> None:
 def build_module(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> Built:
     """The seeded torch module (eval mode), its inputs, outputs and limit maker."""
     check(member, size)
-    return FAMILIES[MEMBERS[member]].build(member, size, seed=seed, batch=batch)
+    return family_module(MEMBERS[member]).build(member, size, seed=seed, batch=batch)
 
 
 def model_info(member: str, size: str) -> tuple[str | None, int, int]:
     """(onnxruntime transformers model_type, num_heads, hidden_size) for the transformers optimizer."""
     check(member, size)
-    fam = FAMILIES[MEMBERS[member]]
-    d = fam.DIMS[size]
+    d = family_module(MEMBERS[member]).DIMS[size]
     return ORT_MODEL_TYPE.get(member), getattr(d, "heads", 0), getattr(d, "hidden", 0)
 
 
 def build_onnx(member: str, size: str = "small", exporter: str = "ts", seed: int = 0, batch: int = 1,
                limit: bool = False) -> onnx.ModelProto:
     """The member exported (or its limit, with `limit=True`): a fresh ModelProto."""
+    from .export import exporter_key
+
     return onnx.load_from_string(_exported(member, size, exporter_key(exporter), seed, batch, limit))
 
 
 @functools.lru_cache(maxsize=32)
 def _exported(member: str, size: str, exporter: str, seed: int, batch: int, limit: bool) -> bytes:
+    from .export import export
+
     built = build_module(member, size, seed, batch)
     module = built.limit() if limit else built.module
     return export(module, built.inputs, built.outputs, exporter).SerializeToString()
@@ -71,6 +111,8 @@ def _exported(member: str, size: str, exporter: str, seed: int, batch: int, limi
 
 def input_feeds(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
     """Seeded values for every graph input (adapters of lora_server included)."""
+    from .export import feeds
+
     return feeds(build_module(member, size, 0, batch).inputs, seed)
 
 
@@ -111,6 +153,8 @@ def verify_limit(member: str, size: str = "small", exporter: str = "ts", seed: i
 def cache_path(cache_dir: Path, member: str, size: str, exporter: str, seed: int = 0, limit: bool = False) -> Path:
     import torch
 
+    from .export import exporter_key
+
     version = torch.__version__.replace("+", "_")
     tag = "-limit" if limit else ""
     return (Path(cache_dir).expanduser()
@@ -130,6 +174,8 @@ def source_hash() -> str:
 
 def cached_export(member: str, size: str, exporter: str, cache_dir: Path, seed: int = 0, limit: bool = False) -> Path:
     """The exported file, made once per member/size/exporter/seed/limit/torch version (the benchmark's cache)."""
+    from .export import export
+
     path = cache_path(cache_dir, member, size, exporter, seed, limit)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,5 +187,5 @@ def cached_export(member: str, size: str, exporter: str, cache_dir: Path, seed: 
     return path
 
 
-__all__ = ["EXPORTERS", "FAMILIES", "MEMBERS", "REPRESENTATIVE", "SIZES", "build_module", "build_onnx",
-           "cache_path", "cached_export", "input_feeds", "limit_kind", "model_info", "verify_limit"]
+__all__ = ["DESCRIPTIONS", "EXPORTERS", "FAMILIES", "KINDS", "MEMBERS", "REPRESENTATIVE", "SIZES", "build_module",
+           "build_onnx", "cache_path", "cached_export", "input_feeds", "limit_kind", "model_info", "verify_limit"]
