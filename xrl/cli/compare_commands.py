@@ -33,6 +33,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_compare)
 
 
+def check_out_dir(out: str) -> None:
+    """OutputPathError unless `out` is a folder, or can be made one: nothing on its way is a file, and the
+    nearest folder that exists is writable."""
+    import os
+    from pathlib import Path
+
+    from xrl.errors import OutputPathError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"--out {out} is a file, not a folder; give a folder for results.csv, results.md "
+                              "and the plots")
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"--out {out}: {parent} is a file, so no folder can be made under it")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputPathError(f"--out {out}: the folder {parent} is not writable")
+            return
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from xrl.errors import XrlError
     from xrl.search.compare import (
@@ -45,8 +66,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_results,
     )
 
-    if args.time_limit is not None and args.time_limit <= 0:
+    if args.time_limit is not None and not args.time_limit > 0:
         raise XrlError(f"--time-limit must be positive, not {args.time_limit}")
+    check_out_dir(args.out)  # before the work, not after it
     config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=resolve_methods(args.methods), cost=args.cost,
                            device=args.device, target=args.target, seed=args.seed, time_limit=args.time_limit)
 

@@ -349,6 +349,9 @@ class GraphRewriteEnv(gym.Env):
 
         start = self._start
         if state.graph_hash != start.canonical_hash:
+            if state.graph == self._source:  # loaded from this very spec already: loading again gives the same
+                raise ConfigError(f"state's graph {state.graph!r} has hash {start.canonical_hash[:12]}, "
+                                  f"not the state's {state.graph_hash[:12]}: a different graph")
             start = load_source(state.graph)
             if start.canonical_hash != state.graph_hash:
                 raise ConfigError(f"state's graph {state.graph!r} has hash {start.canonical_hash[:12]}, "

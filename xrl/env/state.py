@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from xrl.env.graph_rewrite import GraphRewriteEnv
 
 CSV_FIELDS = ("graph", "graph_hash", "reward", "speedup", "cost", "actions")
+# A state file is a record of a few episodes, read from wherever a user got it: bounded before it is parsed.
+MAX_FILE_BYTES = 16 << 20
+MAX_STATES = 256  # distinct states replayed from one file (a warning says how many more were cut)
+MAX_SOURCES = 32  # distinct source graphs in one file: each is loaded once and kept while replaying
+MAX_ACTIONS = 10_000  # rewrites in one state
+CSV_FIELD_LIMIT = 1 << 20  # one CSV field (a state's actions joined by spaces)
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,18 @@ class EnvState:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> EnvState:
+        if not isinstance(d, dict):
+            raise ConfigError(f"not an xrl environment state: expected an object, got {type(d).__name__}")
         try:
             actions = d.get("actions", ())
             if isinstance(actions, str):
                 actions = actions.split()
+            if not isinstance(actions, list | tuple) or not all(isinstance(a, str) for a in actions):
+                raise TypeError("actions must be a list of `rule@location` strings")
+            if len(actions) > MAX_ACTIONS:
+                raise ValueError(f"{len(actions)} actions, at most {MAX_ACTIONS}")
+            if not isinstance(d["graph"], str) or not isinstance(d["graph_hash"], str):
+                raise TypeError("graph and graph_hash must be strings")
             return EnvState(graph=str(d["graph"]), graph_hash=str(d["graph_hash"]), actions=tuple(map(str, actions)),
                             reward=float(d.get("reward") or 0.0), cost=str(d.get("cost") or ""),
                             speedup=float(d.get("speedup") or 1.0))
@@ -68,10 +82,31 @@ class ValidationResult:
         return f"{head} (reward {self.reward:.4f}, max abs error {self.max_abs_err:.3g}){tail}"
 
 
+def check_source(spec: str) -> None:
+    """A state's `graph` must be a built-in graph name or a regular file: a state file must not make xrl
+    read /dev/zero until memory runs out, nor wait on a FIFO for good."""
+    import os
+    import stat
+
+    if not spec or "\0" in spec:
+        raise ConfigError(f"a state names the graph {spec!r}: not a built-in graph name or a model file")
+    path = Path(spec)
+    if not (path.suffix or "/" in spec or path.exists()):
+        return  # a built-in name: an unknown one fails with the list of names when it is built
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ConfigError(f"a state names the graph {spec!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"a state names the graph {spec!r}, which is not a regular file (a device, pipe or "
+                          "directory); xrl reads models only from files")
+
+
 def load_source(spec: str) -> Graph:
     """The graph a state names: a built-in graph or a model file (ONNX or HLO text)."""
     from xrl.frontends.loader import load_model
 
+    check_source(spec)
     return load_model(spec).graph
 
 
@@ -104,16 +139,26 @@ def validate(env: GraphRewriteEnv, state: EnvState, *, seed: int = 0, rtol: floa
     except ConfigError as e:
         return ValidationResult(False, False, False, math.nan, math.inf, (str(e),))
     reward = replay.episode_reward
-    # A measured cost (onnxruntime timing) is noisy: its reward cannot be reproduced, only the graph.
-    measured = bool(getattr(env.cost_model, "measured", False))
-    reward_ok = measured or math.isclose(reward, state.reward, rel_tol=1e-6, abs_tol=1e-6)
-    if not reward_ok:
-        errors.append(f"replay earned reward {reward:.6g}, the state says {state.reward:.6g}")
     ref = reference_model(replay._source, replay._start)
     res = compare_models(ref, to_onnx(replay.graph), seed=seed, rtol=rtol, atol=atol)
     if not res.ok:
         errors.append(f"outputs differ from the source: {res.detail}")
-    return ValidationResult(reward_ok and res.ok, reward_ok, res.ok, reward, res.max_abs_err, tuple(errors))
+    outputs = ValidationResult(res.ok, True, res.ok, reward, res.max_abs_err, tuple(errors))
+    return with_reward_check(outputs, state, measured=bool(getattr(env.cost_model, "measured", False)))
+
+
+def with_reward_check(replayed: ValidationResult, state: EnvState, *, measured: bool) -> ValidationResult:
+    """`replayed` (the replay of the state's actions: its reward and output check) judged against the reward
+    `state` claims. States that differ only in their reward share one replay."""
+    if math.isnan(replayed.reward):  # the actions did not replay: that is the error, whatever the reward
+        return replayed
+    # A measured cost (onnxruntime timing) is noisy: its reward cannot be reproduced, only the graph.
+    reward_ok = measured or math.isclose(replayed.reward, state.reward, rel_tol=1e-6, abs_tol=1e-6)
+    errors = [e for e in replayed.errors if not e.startswith("replay earned reward")]
+    if not reward_ok:
+        errors.insert(0, f"replay earned reward {replayed.reward:.6g}, the state says {state.reward:.6g}")
+    return ValidationResult(reward_ok and replayed.outputs_match, reward_ok, replayed.outputs_match, replayed.reward,
+                            replayed.max_abs_err, tuple(errors))
 
 
 # ----- files ------------------------------------------------------------------------------------
@@ -137,11 +182,23 @@ def loads(text: str, fmt: str = "json") -> list[EnvState]:
     if fmt == "json":
         try:
             body = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"state file is not JSON: {e}") from None
+        except ValueError as e:  # JSONDecodeError, or a number of thousands of digits
+            raise ConfigError(f"state file is not JSON: {str(e)[:200]}") from None
+        except RecursionError:
+            raise ConfigError("state file is not a state: its JSON is nested too deeply") from None
+        if not isinstance(body, dict | list):
+            raise ConfigError(f"state file holds a JSON {type(body).__name__}; expected a state object or a list "
+                              "of them")
         return [EnvState.from_dict(d) for d in (body if isinstance(body, list) else [body])]
     if fmt == "csv":
-        return [EnvState.from_dict(row) for row in csv.DictReader(io.StringIO(text))]
+        previous = csv.field_size_limit(CSV_FIELD_LIMIT)
+        try:
+            rows = list(csv.DictReader(io.StringIO(text)))
+        except csv.Error as e:
+            raise ConfigError(f"state file is not CSV with the columns {', '.join(CSV_FIELDS)}: {e}") from None
+        finally:
+            csv.field_size_limit(previous)
+        return [EnvState.from_dict(row) for row in rows]
     raise ConfigError(f"unknown state format {fmt!r}; choose json or csv")
 
 
@@ -170,8 +227,50 @@ def write_states(states: Iterable[EnvState], path: str | Path) -> Path:
     return path
 
 
-def read_states(path: str | Path) -> list[EnvState]:
+def read_states(path: str | Path, *, limit: int | None = MAX_STATES) -> list[EnvState]:
+    """The distinct states of a file (a repeated state is kept once), at most `limit` of them and of at most
+    MAX_SOURCES source graphs: a warning says what was cut. Only regular files are read, and at most
+    MAX_FILE_BYTES of them; every state's source must be a built-in graph or a regular file."""
+    import os
+    import stat
+    import warnings
+
+    from xrl.errors import XrlWarning
+
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"no such state file: {path}")
-    return loads(path.read_text(), format_of(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"no such state file: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read state file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path} is not a regular file (a directory, device or pipe); give a state file "
+                          "(.json or .csv)")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"state file {path} has {st.st_size:,} bytes, over the limit of {MAX_FILE_BYTES:,}; "
+                          "split it")
+    with path.open("rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)  # the file may have grown since stat
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"state file {path} is over the limit of {MAX_FILE_BYTES:,} bytes; split it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"state file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    states = list(dict.fromkeys(loads(text, format_of(path))))  # distinct, in file order
+    kept, sources = [], set()
+    for s in states:
+        if limit is not None and len(kept) >= limit:
+            break
+        if s.graph not in sources and len(sources) >= MAX_SOURCES:
+            continue
+        sources.add(s.graph)
+        kept.append(s)
+    if len(kept) < len(states):
+        warnings.warn(f"{path}: replaying {len(kept)} of its {len(states)} distinct states (at most {limit} states "
+                      f"of at most {MAX_SOURCES} source graphs per file); split the file for the rest",
+                      XrlWarning, stacklevel=2)
+    for source in sources:
+        check_source(source)
+    return kept

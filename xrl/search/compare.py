@@ -86,8 +86,36 @@ def resolve_graphs(spec: str | Sequence[str]) -> tuple[str, ...]:
         if item in SUITES:
             out.extend(graphs.names(None if item == "all" else item))
         else:
+            _check_graph_spec(item)
             out.append(item)
     return tuple(dict.fromkeys(out))
+
+
+def _check_graph_spec(item: str) -> None:
+    """A built-in graph name or a regular model file, checked before any work: an unknown name is a user
+    error (not a row of failed runs and exit 0), and /dev/zero or a FIFO is never read."""
+    import difflib
+    import os
+    import stat
+
+    from xrl import graphs
+    from xrl.errors import UnknownGraphError
+
+    path = Path(item)
+    if path.suffix or "/" in item or path.exists():
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as e:
+            raise ConfigError(f"--graphs {item}: {e.strerror or e}") from None
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"--graphs {item} is not a regular file (a directory, device or pipe); give a model "
+                              "file or a built-in graph name")
+        return
+    if item not in graphs.BUILTIN_GRAPHS:
+        close = difflib.get_close_matches(item, list(graphs.BUILTIN_GRAPHS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownGraphError(f"--graphs: unknown built-in graph {item!r}; {hint}see `xrl graphs list`, or "
+                                f"a suite: {', '.join(SUITES)}")
 
 
 def resolve_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
