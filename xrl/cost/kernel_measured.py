@@ -12,7 +12,9 @@ the device it optimised for:
   nodes as it would in the whole graph.
 - New kernels are timed together, interleaved: warm-up, then `repeats` rounds, each running every
   kernel for one sample of at least `min_sample_s`; a kernel's time is the median of its samples, its
-  spread is kept. Interleaving puts the machine's drift on every kernel alike.
+  spread is kept. Interleaving puts the machine's drift on every kernel alike; with one thread on the
+  CPU the clock is the calling thread's CPU time (onnxruntime computes on it), which other processes
+  taking the core away do not inflate.
 - A session run has a fixed cost and each kernel a dispatch cost, both measured once per machine
   (`RunOverhead`: one trivial kernel against a chain of them). A kernel's cost is its timed run less
   the fixed part; a graph's cost is the fixed part plus the sum of its kernels' costs.
@@ -50,7 +52,7 @@ from xrl.cost.base import Measurement
 from xrl.cost.op_measured import OpTimingCache, _cpu_model, _stable, cache_dir
 from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_plan
 from xrl.cost.targets import TargetCostModel
-from xrl.cost.timing import check_counts, summarize
+from xrl.cost.timing import calling_thread_clock, check_counts, summarize
 from xrl.errors import ConfigError
 from xrl.ir import Graph, TensorType
 
@@ -300,13 +302,14 @@ class MeasuredKernelCostModel(TargetCostModel):
             except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors
                 log.warning("onnxruntime cannot run kernel %s alone (%s); it is costed by the scaled roofline",
                             km.graph.name, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        clock = calling_thread_clock(self.providers[0] == "CPUExecutionProvider", self.threads)
         inner: dict[str, int] = {}
         for key, run in runners.items():
             for _ in range(self.warmup):
                 run()
-            t0 = time.perf_counter()
+            t0 = clock()
             run()
-            one = time.perf_counter() - t0
+            one = clock() - t0
             inner[key] = max(1, min(10_000, math.ceil(self.min_sample_s / max(one, 1e-7))))
         samples: dict[str, list[float]] = {k: [] for k in runners}
         keys = list(runners)
@@ -314,10 +317,10 @@ class MeasuredKernelCostModel(TargetCostModel):
             order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else keys  # rotate who goes first
             for key in order:
                 run, n = runners[key], inner[key]
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(n):
                     run()
-                samples[key].append((time.perf_counter() - t0) / n)
+                samples[key].append((clock() - t0) / n)
         out = {}
         for key, times in samples.items():
             m = summarize(times)

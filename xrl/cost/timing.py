@@ -41,13 +41,15 @@ def check_counts(warmup: int, repeats: int, who: str, *, threads: int | None = N
 
 
 def time_callable(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10,
-                  sync: Callable[[], object] | None = None, min_run_s: float = 0.0) -> Measurement:
+                  sync: Callable[[], object] | None = None, min_run_s: float = 0.0,
+                  clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Wall time of `fn()`: `warmup` untimed calls, then `repeats` timed ones.
 
     `sync` (e.g. `torch.cuda.synchronize`) is called before each clock start and inside each timed
     interval after `fn`, so asynchronous work is counted to its end. With `min_run_s` > 0, one timed
     sample calls `fn` as many times as it takes to last about that long and reports the time per
     call: a microsecond op timed one call at a time is mostly clock and loop overhead.
+    `clock` is the wall clock by default; `calling_thread_clock` where the work runs on the caller.
     """
     check_counts(warmup, repeats, "time_callable")
     for _ in range(warmup):
@@ -57,13 +59,20 @@ def time_callable(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 1
     for _ in range(repeats):
         if sync is not None:
             sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
         if sync is not None:
             sync()
-        times.append((time.perf_counter() - t0) / inner)
+        times.append((clock() - t0) / inner)
     return summarize(times)
+
+
+def calling_thread_clock(cpu: bool, threads: int | None) -> Callable[[], float]:
+    """The clock that times CPU work run on the calling thread: its CPU time, where the runtime computes
+    on the caller (the CPU with one intra-op thread), so that another process taking the core away
+    does not count; else the wall clock."""
+    return time.thread_time if cpu and threads == 1 else time.perf_counter
 
 
 def _calls_per_sample(fn: Callable[[], object], sync: Callable[[], object] | None, min_run_s: float) -> int:

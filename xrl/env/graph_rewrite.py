@@ -130,8 +130,10 @@ class GraphRewriteEnv(gym.Env):
         self.engine = engine
         self.cost_model = resolve_cost(cost)
         # Hints and candidate caps need a cheap per-candidate estimate: the backend itself when it is
-        # per-op (exact from the delta), else the analytic roofline.
-        self.hint_model = self.cost_model if self.cost_model.per_op else resolve_cost("analytic")
+        # per-op (exact from the delta) or deterministic (a target's kernels, measured once and cached),
+        # else (a whole graph timed every call) the analytic roofline.
+        cheap = self.cost_model.per_op or not self.cost_model.measured
+        self.hint_model = self.cost_model if cheap else resolve_cost("analytic")
         self.horizon = horizon
         self.reward_cfg = RewardConfig(reward, reward_every, shaping, gamma)
         self.max_candidates = max_candidates

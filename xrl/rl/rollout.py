@@ -59,11 +59,15 @@ class Rollout:
     dones: list[float] = field(default_factory=list)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     collect_s: float = 0.0  # wall time of the collection
+    # what the workers' cost models did for it (measured kernel cost: cache hits, kernels timed, seconds)
+    cost_stats: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.obs)
 
     def extend(self, other: Rollout) -> None:
+        for k, v in other.cost_stats.items():
+            self.cost_stats[k] = self.cost_stats.get(k, 0.0) + v
         self.obs += other.obs
         self.actions += other.actions
         self.logp += other.logp
@@ -175,11 +179,13 @@ class _Worker:
         gen = torch.Generator().manual_seed(int(seq.generate_state(1)[0]))
         out = Rollout()
         names = list(self.spec.graphs)
+        before = dict(getattr(self.cost, "stats", {}))
         for _ in range(self.spec.episodes_per_worker):
             name = names[int(rng.integers(len(names)))]
             rec = play_episode(self.env, self.policy, self.featurize, self._graph(name), greedy=False,
                                generator=gen, record_to=out)
             out.episodes.append(rec)
+        out.cost_stats = {k: float(v) - float(before.get(k, 0.0)) for k, v in getattr(self.cost, "stats", {}).items()}
         return out
 
     def evaluate(self, weights: Mapping[str, torch.Tensor], names: Sequence[str]) -> list[EpisodeRecord]:
