@@ -108,14 +108,20 @@ def _check_overrides(overrides: list[str]) -> None:
     report is several lines and exit code 1). Sweeps (-m) are left to Hydra: compose cannot expand them."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from xrl.rl.train import check_settings
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose("train", overrides=[o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+            cfg = compose("train", overrides=[o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+        plain = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"bad training override: {first} (see `xrl train --cfg job` for the settings)") from None
+    if (plain.get("env") or {}).get("name") != "pass_ordering":
+        check_settings(plain)  # before Hydra starts a run: no traceback, no run folder
 
 
 def _train_job(cfg: Any) -> float:

@@ -83,6 +83,82 @@ def _typed(key: str, value: Any, default: Any) -> Any:
     return kind(value)
 
 
+# Bounds of the numeric settings, checked before any work: a typo (hidden=100000000, lr=-1) is one line and
+# exit code 2, not a traceback after minutes or an allocation that takes the machine.
+_BOUNDS: dict[str, tuple[float, float, str]] = {  # key: (low, high, what the bounds mean); inclusive
+    "updates": (1, 1_000_000, ""),
+    "episodes_per_worker": (1, 10_000, "each update trains on whole episodes"),
+    "workers": (0, 1024, ""),
+    "eval_every": (0, 1_000_000, ""),
+    "checkpoint_every": (0, 1_000_000, ""),
+    "cache_size": (0, 1_000_000, ""),
+    "torch_threads": (0, 1024, ""),
+    "model.hidden": (1, 4096, ""),
+    "model.layers": (1, 64, ""),
+    "model.heads": (1, 64, ""),
+    "model.dropout": (0, 0.999, ""),
+    "algo.lr": (1e-12, 1.0, "a positive learning rate"),
+    "algo.gamma": (0, 1, ""),
+    "algo.gae_lambda": (0, 1, ""),
+    "algo.clip_coef": (1e-9, 10, ""),
+    "algo.update_epochs": (1, 10_000, ""),
+    "algo.minibatch_size": (1, 1_000_000, ""),
+    "algo.ent_coef": (0, 1e6, ""),
+    "algo.vf_coef": (0, 1e6, ""),
+    "algo.max_grad_norm": (1e-12, 1e12, ""),
+    "algo.target_kl": (1e-12, 1e6, ""),
+    "algo.encode_chunk": (0, 1_000_000, ""),
+    "env.horizon": (1, 100_000, ""),
+    "env.max_candidates": (0, 1_000_000, ""),
+    "env.reward_every": (1, 100_000, ""),
+    "env.gamma": (0, 1, ""),
+}
+WORKER_MEMORY = 1 << 30  # what one rollout process may need (a policy, an engine, cached features): 1 GiB
+
+
+def check_settings(c: Mapping[str, Any]) -> None:
+    """ConfigError unless every numeric setting is a finite number within its bounds, and the rollout
+    workers fit this machine's cores and available memory."""
+    for key, (low, high, why) in _BOUNDS.items():
+        section, _, name = key.rpartition(".")
+        holder = c.get(section) if section else c
+        value = holder.get(name) if isinstance(holder, Mapping) else None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, not {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, not {value!r}")
+        if not low <= value <= high:
+            bound = f"at least {low:g}" if value < low else f"at most {high:g}"
+            raise ConfigError(f"{key}={value} is out of range: {name} must be {bound}" + (f" ({why})" if why else ""))
+    workers = c.get("workers")
+    kind = (c.get("collector") or {}).get("kind", "process") if isinstance(c.get("collector"), Mapping) else "process"
+    if isinstance(workers, int) and workers > 0 and kind == "process":
+        import os
+
+        cores = os.cpu_count() or 1
+        if workers > cores:
+            raise ConfigError(f"workers={workers} is more rollout processes than this machine's {cores} cores; "
+                              f"use at most {cores} (0: play in the training process)")
+        available = _available_memory()
+        if available is not None and workers * WORKER_MEMORY > available:
+            raise ConfigError(f"workers={workers} rollout processes may need {workers} GiB, and this machine has "
+                              f"{available / 2 ** 30:.1f} GiB available; use fewer workers")
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), in bytes; None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def policy_config(model: Mapping[str, Any]) -> PolicyConfig:
     model = dict(model)
     use_hints = bool(model.pop("use_hints", True))
@@ -171,6 +247,7 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
         from xrl.rl.train_passes import train_passes
 
         return train_passes(c, out_dir)
+    check_settings(c)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed = _typed("seed", c.get("seed", 0), 0)
@@ -291,7 +368,9 @@ def train(cfg: Mapping[str, Any], out_dir: str | Path) -> TrainSummary:
             metrics = {**_episode_metrics(rollout.episodes), **stats, "env_steps": float(env_steps),
                        "states": float(len(rollout)), "steps_per_s": len(rollout) / max(rollout.collect_s, 1e-9),
                        "collect_s": rollout.collect_s, "update_s": time.perf_counter() - t_upd,
-                       "lr": optimizer.param_groups[0]["lr"]}
+                       "lr": optimizer.param_groups[0]["lr"],
+                       # the measured kernel cost's work for this update (nothing under an estimate)
+                       **{f"cost_{k}": v for k, v in rollout.cost_stats.items()}}
             done = update + 1
             evaluated = (eval_every and done % eval_every == 0) or done == updates
             if evaluated:

@@ -5,6 +5,10 @@ multirun, `.hydra/overrides.yaml` (the run's overrides). Per run and graph: the 
 speed-up over the updates (`eval_speedup/<graph>` where the run evaluated, else the training episodes'
 `speedup/<graph>`). Runs that differ only in `seed=` form one configuration: the table gives the
 mean and standard deviation over its seeds.
+
+What is read is bounded (a metrics file is whatever a run, or a user, left there): at most MAX_RUN_BYTES of
+each metrics file, MAX_GRAPHS graphs per run and MAX_RUNS runs; the plot draws at most PLOT_GRAPHS graphs
+of PLOT_CONFIGS configurations. A warning says what was cut.
 """
 
 from __future__ import annotations
@@ -12,11 +16,18 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xrl.errors import ConfigError
+from xrl.errors import ConfigError, XrlWarning
+
+MAX_RUN_BYTES = 64 << 20
+MAX_GRAPHS = 256
+MAX_RUNS = 1000
+PLOT_GRAPHS = 40
+PLOT_CONFIGS = 12
 
 
 @dataclass(frozen=True)
@@ -35,31 +46,58 @@ class RunSummary:
 
 def _overrides(run: Path) -> tuple[str, ...]:
     path = run / ".hydra" / "overrides.yaml"
-    if not path.exists():
+    if not path.is_file():
         return ()
+    with path.open("rb") as f:
+        text = f.read(1 << 20).decode("utf-8", errors="replace")
     # Hydra writes a YAML list of strings, one "- key=value" per line: no YAML parser needed.
-    return tuple(line.strip()[2:].strip().strip("'\"") for line in path.read_text().splitlines()
-                 if line.strip().startswith("- "))
+    return tuple(line.strip()[2:].strip().strip("'\"")[:200] for line in text.splitlines()
+                 if line.strip().startswith("- "))[:64]
+
+
+def _rows(path: Path) -> list[dict]:
+    """The metrics file's JSON objects; anything else on a line (a line cut by an interrupted run, another
+    tool's output, bytes that are not UTF-8) is skipped."""
+    with path.open("rb") as f:
+        raw = f.read(MAX_RUN_BYTES + 1)
+    if len(raw) > MAX_RUN_BYTES:
+        warnings.warn(f"{path}: reading its first {MAX_RUN_BYTES >> 20} MiB only", XrlWarning, stacklevel=3)
+        raw = raw[:MAX_RUN_BYTES]
+    rows = []
+    for line in raw.splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _read_run(run: Path) -> RunSummary | None:
-    rows = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by an interrupted run
+    path = run / "metrics.jsonl"
+    if not path.is_file():  # a directory or a pipe of that name
+        return None
+    rows = _rows(path)
     if not rows:
         return None
-    prefix = "eval_speedup/" if any(k.startswith("eval_speedup/") for r in rows for k in r) else "speedup/"
+    prefix = "eval_speedup/" if any(isinstance(k, str) and k.startswith("eval_speedup/") for r in rows for k in r) \
+        else "speedup/"
     final: dict[str, float] = {}
     best: dict[str, float] = {}
+    dropped: set[str] = set()
     for r in rows:
         for k, v in r.items():
-            if k.startswith(prefix) and isinstance(v, (int, float)) and math.isfinite(v):
+            if k.startswith(prefix) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
                 g = k[len(prefix):]
+                if g not in final and len(final) >= MAX_GRAPHS:
+                    dropped.add(g)
+                    continue
                 final[g] = float(v)
                 best[g] = max(best.get(g, float(v)), float(v))
+    if dropped:
+        warnings.warn(f"{run}: summarising {MAX_GRAPHS} graphs of {MAX_GRAPHS + len(dropped)}", XrlWarning,
+                      stacklevel=3)
     return RunSummary(str(run), _overrides(run), len(rows), final, best)
 
 
@@ -67,7 +105,14 @@ def load_runs(root: str | Path) -> list[RunSummary]:
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"no such sweep directory: {root}")
-    runs = [s for p in sorted(root.rglob("metrics.jsonl")) if (s := _read_run(p.parent)) is not None]
+    found = []
+    for p in root.rglob("metrics.jsonl"):
+        found.append(p)
+        if len(found) > MAX_RUNS:
+            warnings.warn(f"{root}: summarising the first {MAX_RUNS} runs found", XrlWarning, stacklevel=2)
+            found.pop()
+            break
+    runs = [s for p in sorted(found) if (s := _read_run(p.parent)) is not None]
     if not runs:
         raise ConfigError(f"no runs under {root} (looked for */metrics.jsonl)")
     return runs
@@ -120,6 +165,11 @@ def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dic
         return out
     configs = sorted({r[0] for r in rows})
     graphs = sorted({r[1] for r in rows})
+    if len(configs) > PLOT_CONFIGS or len(graphs) > PLOT_GRAPHS:  # a readable plot, in bounded time and pixels
+        warnings.warn(f"the plot shows {min(len(graphs), PLOT_GRAPHS)} of {len(graphs)} graphs and "
+                      f"{min(len(configs), PLOT_CONFIGS)} of {len(configs)} configurations; the table has them all",
+                      XrlWarning, stacklevel=2)
+        configs, graphs = configs[:PLOT_CONFIGS], graphs[:PLOT_GRAPHS]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(graphs) * max(1, len(configs)) / 2), 4))
     width = 0.8 / max(len(configs), 1)
     for i, cfg in enumerate(configs):
