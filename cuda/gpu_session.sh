@@ -41,7 +41,7 @@ if [ "$device" = cuda ]; then
 fi
 if [ "$phase" = tests ] || [ "$phase" = all ]; then
     step gpu_tests "$py" -m pytest -q -rs -p no:cacheprovider -p no:hydra_pytest tests/test_cuda_harness.py tests/test_measured_cost.py \
-        tests/test_measured_speedup.py
+        tests/test_measured_speedup.py tests/test_kernel_cost.py
 fi
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
     bench_graphs=$([ "$graphs" = all ] && echo "mlp,tiny_cnn,squeezenet,resnet50,bert,inception_v3" || echo "$graphs")
@@ -51,6 +51,11 @@ if [ "$phase" = bench ] || [ "$phase" = all ]; then
         --out "$out/measured_speedup_$tag.md"
     if [ "$device" = cuda ]; then
         step cost_cuda "$py" -m xrl cost resnet50 --cost cuda --json
+    fi
+    # the measured kernel cost of target ort-cuda against end-to-end timing (needs onnxruntime-gpu)
+    if [ "$device" = cuda ]; then
+        step validate_cost "$py" experiments/validate_cost.py --target ort-cuda --graphs headroom,small \
+            --out "$out/validate_cost_$tag"
     fi
     step optimize_measured "$py" -m xrl optimize resnet50 --search greedy --cost op --device "$device" \
         --measure torch --json

@@ -137,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=120.0, help="seconds of timing per state at most")
     p.add_argument("--time-limit", type=float, default=30.0, help="greedy's time limit per graph (written models)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", default="ort-cpu", choices=("ort-cpu", "ort-cuda"),
+                   help="ort-cuda: the CUDA provider's kernels, timed on this machine's GPU")
     p.add_argument("--out", default="experiments/results/validate_cost")
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
-    costs = {k: get_cost(k, "cpu", target="ort-cpu") for k in COSTS}
-    timer = measure_model("ort", "cpu", repeats=args.repeats, warmup=2, threads=1)
+    provider = "cuda" if args.target == "ort-cuda" else "cpu"
+    costs = {k: get_cost(k, None, target=args.target) for k in COSTS}
+    timer = measure_model("ort", provider, repeats=args.repeats, warmup=2, threads=1)
     names = [n for item in args.graphs.split(",") if item
              for n in (builtin.names(item) if item in builtin.SUITES else [item])]
     graphs = [(n, load_model(n).graph) for n in dict.fromkeys(names)]
@@ -179,8 +182,9 @@ def pooled_tau(rows: list[dict], key: str) -> float:
 
 
 def render(states_: list[dict], gaps: list[dict], args, seconds: float) -> str:  # noqa: ANN001
-    lines = ["# Roofline against measured kernel cost, judged by end-to-end timing (onnxruntime, CPU, 1 thread)",
-             "", f"`experiments/validate_cost.py --graphs {args.graphs} --rounds {args.rounds} --max-candidates "
+    lines = [f"# Roofline against measured kernel cost, judged by end-to-end timing (onnxruntime, {args.target})",
+             "", f"`experiments/validate_cost.py --target {args.target} --graphs {args.graphs} --rounds {args.rounds} "
+             f"--max-candidates "
              f"{args.max_candidates}` ({seconds / 60:.1f} min)", "",
              "| graph | state | candidates | pairs beyond noise | tau roofline | tau measured "
              "| top-1 slowdown roofline | top-1 slowdown measured |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
