@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.policy.endswith(".onnx"):  # an exported policy: onnxruntime only (xrl.policies.release)
         from xrl.policies.release import ReleasePolicy, pipe_policy
 
-        policy = pipe_policy(ReleasePolicy(args.policy))
+        policy = pipe_policy(ReleasePolicy(args.policy), check_timeout(args.timeout))
     elif args.policy != "hint":
         from sb3_contrib import MaskablePPO
 

@@ -42,48 +42,205 @@ def state_inputs(env: Any) -> dict[str, np.ndarray]:
     }
 
 
+# What an exported policy is made of (every encoder and pooling, with and without hints, as torch's
+# TorchScript exporter writes them at opset 18), plus a few elementwise ops another torch version may pick.
+# Anything else, Loop and Scan above all, is refused: a policy file is code, and this is all it may do.
+ALLOWED_OPS = frozenset({
+    "Add", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "Div", "Equal", "Exp", "Expand", "Gather",
+    "GatherND", "Gemm", "Identity", "If", "LayerNormalization", "LeakyRelu", "MatMul", "Mul", "NonZero", "Not", "Pow",
+    "Range", "ReduceMin", "ReduceSum", "Relu", "Reshape", "ScatterElements", "Shape", "Size", "Slice", "Split",
+    "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze",
+    "Abs", "Elu", "Greater", "Less", "Log", "Max", "Min", "Neg", "ReduceMax", "ReduceMean", "Sigmoid", "Softmax",
+    "Sqrt", "Tanh", "Where",
+})
+# input: (ONNX element type, rank, the feature width it must have where the file fixes it: index -> name)
+_FLOAT, _INT64 = 1, 7
+INPUT_TYPES = {"x": (_FLOAT, 2), "edge_index": (_INT64, 2), "edge_attr": (_FLOAT, 2), "u": (_FLOAT, 2),
+               "batch": (_INT64, 1), "cand_attr": (_FLOAT, 2)}
+REQUIRED_INPUTS = ("x", "edge_index", "u", "batch", "cand_attr")  # edge_attr: unused by gcn, dropped on export
+MAX_POLICY_BYTES = 64 << 20  # the shipped policy exports to about 100 KB
+_ARENA: list[int] = []  # the memory cap of the onnxruntime allocator policies run on (registered once per process)
+
+
+class PolicyFileError(ConfigError):
+    """A policy file (.onnx) that is not what `xrl policy export` writes, or that misbehaves when run."""
+
+
+def policy_memory_limit() -> int:
+    """Bytes one policy's run may allocate in all: half of one tensor's limit in float32 (1 GiB by default)."""
+    from xrl.limits import max_elements
+
+    return max_elements() * 2
+
+
+def _subgraphs(graph: Any) -> Any:
+    """`graph` and every subgraph in its nodes' attributes (If's branches), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _subgraphs(g)
+
+
 class ReleasePolicy:
-    """An exported policy file, ready to choose."""
+    """An exported policy file, checked and ready to choose: its inputs, output, metadata and op types are
+    checked on load, each run is bounded in memory (`policy_memory_limit`) and, given a timeout, in time,
+    and its output must be one finite score per action."""
 
     def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such policy file (write one with `xrl policy export CKPT -o FILE.onnx`)")
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3  # the exporter's dynamic shapes draw size warnings that are not errors
-        if threads:
-            opts.intra_op_num_threads = threads
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types for unreadable models
-            raise ConfigError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
-        self.meta = dict(self.session.get_modelmeta().custom_metadata_map)
-        if self.meta.get("format") != FORMAT:
-            raise ConfigError(f"{path} is not an exported xrl policy (expected format {FORMAT}; "
-                              "export one with `xrl policy export`)")
         self.path = path
-        self.config = json.loads(self.meta["policy_config"])
-        self.max_candidates: int | None = json.loads(self.meta.get("max_candidates", "null"))
+        model = self._read(path)
+        self.meta = {p.key: p.value for p in model.metadata_props}
+        if self.meta.get("format") != FORMAT:
+            raise PolicyFileError(f"{path} is not an exported xrl policy (expected format {FORMAT}; "
+                                  "export one with `xrl policy export`)")
+        self.config = self._json_meta("policy_config", dict)
+        self.max_candidates: int | None = self._json_meta("max_candidates", int | None, default="null")
+        if self.max_candidates is not None and self.max_candidates < 0:
+            raise PolicyFileError(f"{path}: max_candidates {self.max_candidates} is negative")
         self._check_dims()
+        self._check_graph(model)
+        self.session = self._session(model, threads)
         self.inputs = [i.name for i in self.session.get_inputs()]  # an unused input (gcn's edge_attr) is dropped
+
+    # ----- checks on load -----
+    def _read(self, path: Path) -> Any:
+        import os
+        import stat
+
+        import onnx
+
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise PolicyFileError(f"{path}: no such policy file (write one with `xrl policy export CKPT -o "
+                                  "FILE.onnx`)") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyFileError(f"{path} is not a regular file")
+        if st.st_size > MAX_POLICY_BYTES:
+            raise PolicyFileError(f"{path} has {st.st_size:,} bytes, over the {MAX_POLICY_BYTES:,} of any exported "
+                                  "policy")
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # protobuf's DecodeError and friends: not a model
+            raise PolicyFileError(f"{path} is not a readable ONNX model ({type(e).__name__})") from None
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for g in _subgraphs(model.graph) for t in g.initializer):
+            raise PolicyFileError(f"{path} refers to weights in other files; an exported policy is one file")
+        return model
+
+    def _json_meta(self, key: str, kind: Any, default: str | None = None) -> Any:
+        raw = self.meta.get(key, default)
+        if raw is None:
+            raise PolicyFileError(f"{self.path} has no {key!r} metadata; export the policy again")
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise PolicyFileError(f"{self.path}: its {key!r} metadata is not JSON; export the policy again") from None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise PolicyFileError(f"{self.path}: its {key!r} metadata is a {type(value).__name__}, not what "
+                                  "`xrl policy export` writes")
+        return value
 
     def _check_dims(self) -> None:
         from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM
 
-        dims = (self.config["node_dim"], self.config["edge_dim"], self.config["global_dim"])
+        dims = tuple(self.config.get(k) for k in ("node_dim", "edge_dim", "global_dim"))
         if dims != (NODE_DIM, EDGE_DIM, GLOBAL_DIM):
-            raise ConfigError(f"{self.path} was trained on features of size {dims} but this xrl makes "
-                              f"{(NODE_DIM, EDGE_DIM, GLOBAL_DIM)}; retrain and export the policy again")
+            raise PolicyFileError(f"{self.path} was trained on features of size {dims} but this xrl makes "
+                                  f"{(NODE_DIM, EDGE_DIM, GLOBAL_DIM)}; retrain and export the policy again")
 
-    def logits(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """[graphs] the policy's score of each action."""
-        return self.session.run(["logits"], {k: inputs[k] for k in self.inputs})[0]
+    def _check_graph(self, model: Any) -> None:
+        bad = sorted({f"{n.domain + ':' if n.domain not in ('', 'ai.onnx') else ''}{n.op_type}"
+                      for g in _subgraphs(model.graph) for n in g.node
+                      if n.domain not in ("", "ai.onnx") or n.op_type not in ALLOWED_OPS})
+        if bad:
+            raise PolicyFileError(f"{self.path} uses op types an exported policy never does ({', '.join(bad[:8])}); "
+                                  "refused: a policy file runs as code")
+        inputs = {i.name: i for i in model.graph.input}
+        init = {t.name for t in model.graph.initializer}
+        extra = sorted(set(inputs) - set(INPUT_TYPES) - init)
+        missing = [k for k in REQUIRED_INPUTS if k not in inputs]
+        if extra or missing:
+            raise PolicyFileError(f"{self.path} has inputs {sorted(set(inputs) - init)}; an exported policy reads "
+                                  f"{', '.join(INPUT_TYPES)} (missing: {', '.join(missing) or 'none'}; unknown: "
+                                  f"{', '.join(extra) or 'none'})")
+        for name, (elem, rank) in INPUT_TYPES.items():
+            if name in inputs:
+                t = inputs[name].type.tensor_type
+                if t.elem_type != elem or len(t.shape.dim) != rank:
+                    raise PolicyFileError(f"{self.path}: input {name!r} must be a rank-{rank} "
+                                          f"{'float' if elem == _FLOAT else 'int64'} tensor")
+        outputs = {o.name: o.type.tensor_type for o in model.graph.output}
+        if "logits" not in outputs or outputs["logits"].elem_type != _FLOAT or len(outputs["logits"].shape.dim) != 1:
+            raise PolicyFileError(f"{self.path} has no output 'logits' (one float score per action); outputs: "
+                                  f"{', '.join(outputs) or 'none'}")
 
-    def choose(self, env: Any) -> int:
+    def _session(self, model: Any, threads: int | None) -> Any:
+        import onnxruntime as ort
+
+        if not _ARENA:  # every policy session allocates from one arena capped at the limit: a run over it fails
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(policy_memory_limit(), -1, -1, -1))
+            _ARENA.append(policy_memory_limit())
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # a refused run is reported by xrl, in one line
+        opts.add_session_config_entry("session.use_env_allocators", "1")
+        # no graph optimisation: constant folding would run the file's constant subgraphs at load, unbounded in
+        # time (a policy's run is as fast without it: 1.78 vs 1.75 s on inception_v3's 64 candidates)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+        try:
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for models it cannot run
+            raise PolicyFileError(f"{self.path} is not a model onnxruntime can run ({type(e).__name__}: "
+                                  f"{str(e)[:200]})") from None
+
+    # ----- running -----
+    def logits(self, inputs: dict[str, np.ndarray], timeout: float | None = None) -> np.ndarray:
+        """[graphs] the policy's score of each action; a run past `timeout` seconds is terminated."""
+        import threading
+
+        import onnxruntime as ort
+
+        run_options = ort.RunOptions()
+        run_options.log_severity_level = 4
+        timer = None
+        if timeout is not None and timeout != float("inf"):
+            def stop() -> None:
+                run_options.terminate = True
+
+            timer = threading.Timer(max(timeout, 0.0), stop)
+            timer.daemon = True
+            timer.start()
+        try:
+            out = self.session.run(["logits"], {k: inputs[k] for k in self.inputs}, run_options)[0]
+        except Exception as e:  # onnxruntime's own error types: over the memory cap, terminated, bad indices
+            if run_options.terminate:
+                raise PolicyFileError(f"{self.path}: a run of the policy took longer than {timeout:g} s") from None
+            limit = policy_memory_limit()
+            if "Available memory" in str(e):
+                raise PolicyFileError(f"{self.path}: a run of the policy needed more than {limit:,} bytes "
+                                      "(raise XRL_MAX_ELEMENTS to allow more)") from None
+            raise PolicyFileError(f"{self.path}: the policy failed on this state ({type(e).__name__}: "
+                                  f"{str(e)[:160]})") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+        graphs = int(np.asarray(inputs["u"]).shape[0])
+        out = np.asarray(out)
+        if out.shape != (graphs,):
+            raise PolicyFileError(f"{self.path} gave {out.shape} scores for {graphs} actions; refused rather than "
+                                  "read as a choice")
+        if not np.isfinite(out).all():
+            raise PolicyFileError(f"{self.path} gave a score that is not finite; refused rather than read as a "
+                                  "choice")
+        return out
+
+    def choose(self, env: Any, timeout: float | None = None) -> int:
         """The greedy action in `env`'s current state (lowest index on ties, as the checkpoint's `mode()`)."""
-        return int(np.argmax(self.logits(state_inputs(env))))
+        return int(np.argmax(self.logits(state_inputs(env), timeout)))
 
 
 def release_search(graph: Graph, cost_model: CostModel, policy: ReleasePolicy, *, horizon: int,
@@ -100,7 +257,8 @@ def release_search(graph: Graph, cost_model: CostModel, policy: ReleasePolicy, *
     best_graph, best_cost, best_steps, best_actions = graph, env.cost, [], []
     done, n = False, 0
     while not done and time.perf_counter() < deadline:
-        _, _, terminated, truncated, _ = env.step(policy.choose(env))
+        left = None if time_limit is None else max(deadline - time.perf_counter(), 0.0)
+        _, _, terminated, truncated, _ = env.step(policy.choose(env, left))
         done, n = terminated or truncated, n + 1
         if env.cost < best_cost:
             best_graph, best_cost, best_steps, best_actions = env.graph, env.cost, list(env.rewrites), list(env.actions)
@@ -169,25 +327,37 @@ def pad_inputs(inputs: dict[str, np.ndarray], specs: list[Any]) -> dict[str, np.
 def unpad_inputs(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inverse of pad_inputs: the first `counts` rows (edges) of each tensor."""
     n, e, b = (int(c) for c in obs["counts"])
+    if not (0 <= n <= obs["x"].shape[0] and 0 <= e <= obs["edge_index"].shape[1] and 0 <= b <= obs["u"].shape[0]):
+        raise ValueError(f"counts {[n, e, b]} exceed the padded tensors")
     return {"x": obs["x"][:n], "edge_index": obs["edge_index"][:, :e], "edge_attr": obs["edge_attr"][:e],
             "u": obs["u"][:b], "batch": obs["batch"][:n], "cand_attr": obs["cand_attr"][:b]}
 
 
-def pipe_policy(policy: ReleasePolicy) -> Any:
-    """A `xrl.serve.pipe.Policy`: the greedy action from one padded observation."""
+def pipe_policy(policy: ReleasePolicy, timeout: float | None = None) -> Any:
+    """A `xrl.serve.pipe.Policy`: the greedy action from one padded observation; each run of the policy
+    is terminated after `timeout` seconds (the server's --timeout)."""
+    from xrl.serve.pipe import PipeProtocolError
 
     def choose(obs: dict[str, np.ndarray]) -> int:
-        from xrl.serve.pipe import PipeProtocolError
-
         try:
-            inputs = unpad_inputs(obs)
-            return int(np.argmax(policy.logits({k: np.ascontiguousarray(v) for k, v in inputs.items()})))
-        except (KeyError, ValueError) as e:
+            inputs = {k: np.ascontiguousarray(v) for k, v in unpad_inputs(obs).items()}
+        except (KeyError, ValueError, TypeError) as e:
             raise PipeProtocolError(f"the observation is not a release policy's padded inputs ({e})") from None
-        except Exception as e:  # onnxruntime's errors on bad sizes or indices: the host's message was wrong
-            raise PipeProtocolError(f"the policy could not read the observation ({type(e).__name__})") from None
+        _check_indices(inputs)
+        return int(np.argmax(policy.logits(inputs, timeout)))
 
+    choose.requires = {spec.name: len(spec.shape) for spec in pipe_specs(1, 1, 1)}  # type: ignore[attr-defined]
     return choose
+
+
+def _check_indices(inputs: dict[str, np.ndarray]) -> None:
+    """The host's indices must point inside its own tensors: a bad message is the host's error, not the policy's."""
+    from xrl.serve.pipe import PipeProtocolError
+
+    n, b = inputs["x"].shape[0], inputs["u"].shape[0]
+    ei, batch = inputs["edge_index"], inputs["batch"]
+    if b < 1 or n < 1 or (ei.size and (ei.min() < 0 or ei.max() >= n)) or batch.min() < 0 or batch.max() >= b:
+        raise PipeProtocolError(f"the observation's edge_index or batch points outside its {n} nodes and {b} graphs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_timeout(args.timeout)
         check_fifos(args.in_path, args.out_path)
-        n = serve_pipes(args.in_path, args.out_path, pipe_policy(ReleasePolicy(args.policy)), timeout=args.timeout)
+        policy = pipe_policy(ReleasePolicy(args.policy), check_timeout(args.timeout))
+        n = serve_pipes(args.in_path, args.out_path, policy, timeout=args.timeout)
     except (PipeProtocolError, ConfigError) as e:
         print(f"xrl: error: serve: {e}", file=sys.stderr)
         return 2
