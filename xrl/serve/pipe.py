@@ -39,6 +39,7 @@ DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int3
 MAX_LINE = 1 << 20  # a header or observation line longer than this is malformed
 MAX_FEATURES = 64  # as clients/c/xrl_client.c
 MAX_RANK = 8
+MAX_DEPTH = 32  # JSON nesting of a header, as clients/c/xrl_client.c
 CHUNK = 1 << 16  # bytes read or written per system call
 
 
@@ -225,19 +226,39 @@ class _Reader:
             self.buf += chunk
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):  # JSON leaves it open; the C client refuses, and so does the server
+        raise ValueError(f"a key appears twice in one object ({', '.join(sorted(keys))})")
+    return dict(pairs)
+
+
 def _json(line: bytes, what: str) -> Any:
     try:
-        return json.loads(line)
+        return json.loads(line, object_pairs_hook=_no_duplicates)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError, as is a 5000-digit number
         raise PipeProtocolError(f"malformed {what}: not a JSON line ({str(e)[:120]})") from None
     except RecursionError:
         raise PipeProtocolError(f"malformed {what}: JSON nested too deeply") from None
 
 
+def _depth(value: Any) -> int:
+    """How deeply a parsed JSON value nests (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def read_header(reader: _Reader) -> tuple[list[TensorSpec], TensorSpec]:
     from xrl.limits import MAX_ELEMENTS_ENV, max_elements
 
     head = _json(reader.line("header"), "header")
+    if _depth(head) > MAX_DEPTH:
+        raise PipeProtocolError(f"malformed header: JSON nested deeper than {MAX_DEPTH}")
     if not isinstance(head, dict) or not isinstance(head.get("features"), list) or "advice" not in head:
         raise PipeProtocolError("malformed header: expected {\"features\": [...], \"advice\": {...}}")
     if len(head["features"]) > MAX_FEATURES:
