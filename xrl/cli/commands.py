@@ -50,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     gsub = g.add_subparsers(dest="graphs_command", metavar="{list,export}", parser_class=type(g))
     gsub.required = True
     p = gsub.add_parser("list", help="name, op count, parameters, FLOPs of every built-in graph")
-    p.add_argument("--suite", choices=("xrlflow", "taso", "small", "headroom"), help="only this suite")
+    from xrl.graphs import SUITES
+
+    p.add_argument("--suite", choices=SUITES, help="only this suite")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_graphs_list)
     p = gsub.add_parser("export", help="write a built-in graph as ONNX")

@@ -27,7 +27,7 @@ from typing import Any
 from xrl.errors import ConfigError, XrlError
 
 METHODS = ("rl", "taso", "tensat", "greedy", "random", "beam", "exhaustive")
-SUITES = ("xrlflow", "taso", "small", "headroom", "all")
+SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full", "all")
 
 # A method's module that must import for the method to count as available (the RL policy search is
 # built separately; until it exists, compare reports it as unavailable rather than failed).
