@@ -45,6 +45,8 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
                              f"name from `xrl graphs list`)")
     if path.is_dir():
         raise ModelLoadError(f"{spec} is a directory, not a model file")
+    if not path.is_file():  # a device (/dev/zero) or a FIFO would be read without end, or block
+        raise ModelLoadError(f"{spec} is not a regular file (a device, pipe or socket); give a model file")
     with path.open("rb") as f:
         head = f.read(4096)
     if looks_like_hlo(head.decode("utf-8", errors="replace")):
