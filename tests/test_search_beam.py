@@ -37,9 +37,14 @@ def test_width_one_without_slack_is_greedy(name: str, target: str, engine: Rewri
     assert beam.cost == greedy.cost and beam.graph.canonical_hash == greedy.graph.canonical_hash
 
 
-def test_beam_looks_past_a_step_greedy_refuses(engine: RewriteEngine) -> None:
+def test_beam_looks_past_a_step_greedy_refuses() -> None:
     """LoRA: multiplying the adapter's A B into one weight costs more on its own; factoring it into W0 then
-    removes a GEMM. Greedy stops before the first; the beam (alpha 1.1) goes through it."""
+    removes a GEMM. Greedy stops before the first; the beam (alpha 1.1) goes through it. (The composite
+    rules of rewrite_rules/lora.rules take the whole merge in one step, which greedy takes: they are left
+    out here, where the point is the beam's look-ahead over the atomic steps.)"""
+    from xrl.rewrite.rules import load_rules
+
+    engine = RewriteEngine([r for r in load_rules() if not r.name.startswith("merge_lowrank")])
     graph, cost = _graph("lora_tiny"), get_cost("target", None, target="ort-cpu")
     greedy = greedy_search(graph, cost, engine)
     beam = beam_search(graph, cost, engine)
