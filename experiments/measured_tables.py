@@ -64,7 +64,9 @@ def run_graph(name: str, args, timer) -> list[dict]:  # noqa: ANN001
             if ok:
                 cands.append(GuardCandidate(label, written))
     res = measure_guard(timer, graph, cands, rounds=args.rounds, max_rounds=args.rounds, budget_s=args.budget)
-    by_hash = {c.graph.canonical_hash: c.label for c in cands}
+    by_hash: dict[str, str] = {}
+    for c in cands:  # the guard times each distinct graph once, under the first label that reached it
+        by_hash.setdefault(c.graph.canonical_hash, c.label)
     for r in rows:
         timed = res.measured.get(by_hash.get(r["hash"], ""))  # identical results share one timing
         if r["hash"] == graph.canonical_hash:

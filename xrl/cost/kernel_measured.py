@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ KERNEL_CACHE_FILE = "kernel_costs.sqlite"
 _SMALL_CONST = 64  # integer weights up to this many elements are shape-like: their values decide the work
 NCHWC = "com.microsoft.nchwc"  # onnxruntime's blocked-layout CPU kernels
 _OVERHEAD_CHAIN = 16  # trivial kernels in the chain that measures the per-kernel dispatch cost
+ANCHORS = 3  # kernels kept open to measure the machine's drift between batches
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,11 @@ class MeasuredKernelCostModel(TargetCostModel):
         self.device_id = _device_id(self.target.provider, threads)
         self.deadline: float | None = None  # time.monotonic() past which new kernels are not timed
         self.stats: dict[str, float] = {"cache_hits": 0, "measured": 0, "measure_s": 0.0, "fallback": 0}
-        self._by_key: dict[str, Measurement] = {}
+        self._alias: dict[str, str] = {}  # kernel model key -> the key of what onnxruntime runs for it
+        self._timing: dict[str, Measurement] = {}  # run key -> its timing
+        self._anchors: dict[str, Prepared] = {}  # kernels re-timed beside every batch: the drift between batches
+        self._trivial: Prepared | None = None  # a one-Add model timed in every batch: the run's fixed cost then
+        self._drift = 1.0
         self._measured_costs: dict[tuple, float] = {}  # (op, nodes, written) -> seconds: node objects are shared
         self._roofline_s = 0.0  # the roofline of the kernels timed so far: the fallback's scale
         self._timed_s = 0.0
@@ -205,12 +211,12 @@ class MeasuredKernelCostModel(TargetCostModel):
         if memo is not None:
             return memo
         km = kernel_model(k, graph)
-        m = self._by_key.get(km.key) or self._lookup(km)
+        m = self._timing_of(km.key)
         if m is None:  # not timed: the named fallback
             self.stats["fallback"] += 1
             c = super().kernel_cost(k, graph) * self._fallback_scale()
-        else:
-            c = max(m.median_s - self.overhead().fixed_s, self.overhead().dispatch_s)
+        else:  # timings are net of the run's fixed cost, which the graph pays once
+            c = max(m.median_s, self.overhead().dispatch_s)
         self._measured_costs[memo_key] = c
         return c
 
@@ -227,7 +233,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         return {"kernel_cache_hits": int(self.stats["cache_hits"]), "kernels_measured": int(self.stats["measured"]),
                 "kernel_cache_hit_rate": self.stats["cache_hits"] / looked_up if looked_up else None,
                 "measure_s": round(self.stats["measure_s"], 3), "fallback_kernels": int(self.stats["fallback"]),
-                "cache": str(self.cache.path), "device_id": self.device_id}
+                "drift": self._drift, "cache": str(self.cache.path), "device_id": self.device_id}
 
     # ----- measuring ----------------------------------------------------------------------------
     def overhead(self) -> RunOverhead:
@@ -236,29 +242,45 @@ class MeasuredKernelCostModel(TargetCostModel):
             one, chain = kernel_model_of(trivial_chain(1)), kernel_model_of(trivial_chain(_OVERHEAD_CHAIN + 1))
             got = [self.cache.get(k.key, self.device_id) for k in (one, chain)]
             if any(m is None for m in got):
-                timed = self._time_batch([one, chain], repeats=max(self.repeats, 15))
+                prepared = {k.key: self._prepare(k.graph) for k in (one, chain)}
+                timed = self._time_batch(prepared, repeats=max(self.repeats, 15), anchors=False, net=False)
                 got = [self.cache.put(k.key, self.device_id, k.config, timed[k.key]) for k in (one, chain)]
             t1, tn = got[0].median_s, got[1].median_s
             dispatch = max((tn - t1) / _OVERHEAD_CHAIN, 0.0)
             self._overhead = RunOverhead(max(t1 - dispatch, 0.0), dispatch)
         return self._overhead
 
-    def _lookup(self, km: KernelModel) -> Measurement | None:
-        m = self.cache.get(km.key, self.device_id)
-        if m is not None:
-            self.stats["cache_hits"] += 1
-            self._by_key[km.key] = m
+    def _timing_of(self, key: str) -> Measurement | None:
+        """The timing of the kernel whose model has `key`, through the kernel onnxruntime runs for it."""
+        run_key = self._alias.get(key)
+        if run_key is None:
+            run_key = self.cache.get_alias(key, self.device_id)
+            if run_key is None:
+                return None
+            self._alias[key] = run_key
+        m = self._timing.get(run_key)
+        if m is None:
+            m = self.cache.get(run_key, self.device_id)
+            if m is not None:
+                self._timing[run_key] = m
         return m
 
     def _time_missing(self, kernels: Sequence[Kernel], graph: Graph) -> None:
-        """Time, together and interleaved, every kernel of `graph` that has no timing yet."""
+        """Time, together and interleaved, every kernel of `graph` that has no timing yet.
+
+        A kernel is known by what onnxruntime runs for it (`_run_key` of its optimised model): two
+        kernels the runtime optimises to the same work (a Conv with and without a BatchNormalization it
+        folds) share one timing, so a rewrite the runtime does itself costs exactly nothing."""
         todo: dict[str, tuple[KernelModel, Kernel]] = {}
         for k in kernels:
             if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes \
                     or (k.op, k.nodes, _written(k, graph)) in self._measured_costs:
                 continue
             km = kernel_model(k, graph)
-            if km.key in todo or km.key in self._by_key or self._lookup(km) is not None:
+            if km.key in todo:
+                continue
+            if self._timing_of(km.key) is not None:
+                self.stats["cache_hits"] += 1
                 continue
             todo[km.key] = (km, k)
         if not todo:
@@ -268,67 +290,104 @@ class MeasuredKernelCostModel(TargetCostModel):
         for start in range(0, len(items), self.max_kernels_per_batch):
             if self.deadline is not None and time.monotonic() > self.deadline:
                 return  # the rest falls back to the scaled roofline
-            batch = items[start:start + self.max_kernels_per_batch]
             t0 = time.perf_counter()
-            timed = self._time_batch([km for km, _ in batch])
-            self.stats["measure_s"] += time.perf_counter() - t0
-            for km, k in batch:
-                m = timed.get(km.key)
-                if m is None:
+            prepared: dict[str, Prepared] = {}
+            for km, k in items[start:start + self.max_kernels_per_batch]:
+                p = self._prepare(km.graph)
+                if p is None:
                     continue
-                m = self.cache.put(km.key, self.device_id, km.config, m)
-                self._by_key[km.key] = m
+                self._alias[km.key] = p.run_key
+                self.cache.put_alias(km.key, self.device_id, p.run_key)
+                if self._timing_of(km.key) is not None:  # another kernel the runtime runs alike: timed already
+                    self.stats["cache_hits"] += 1
+                elif p.run_key not in prepared:
+                    prepared[p.run_key] = p
+                    self._roofline_s += super().kernel_cost(k, graph)
+            timed = self._time_batch(prepared)
+            self.stats["measure_s"] += time.perf_counter() - t0
+            for run_key, m in timed.items():
+                m = self.cache.put(run_key, self.device_id, prepared[run_key].config, m)
+                self._timing[run_key] = m
                 self.stats["measured"] += 1
-                self._roofline_s += super().kernel_cost(k, graph)
-                self._timed_s += max(m.median_s - self.overhead().fixed_s, 0.0)
+                self._timed_s += m.median_s
+            self._keep_anchors(prepared, timed)
 
     def _fallback_scale(self) -> float:
         return self._timed_s / self._roofline_s if self._roofline_s > 0 and self._timed_s > 0 else 1.0
 
-    def _time_batch(self, models: Sequence[KernelModel], repeats: int | None = None,
-                    level: str = "all") -> dict[str, Measurement]:
-        """key -> Measurement for each model onnxruntime can run: sessions built, warmed up, then
-        `repeats` rounds that take one sample of every kernel in turn.
+    def _keep_anchors(self, prepared: dict[str, Prepared], timed: dict[str, Measurement]) -> None:
+        """Keep up to ANCHORS kernels of a first batch (sessions open) to re-time beside every later batch."""
+        if len(self._anchors) >= ANCHORS:
+            return
+        steady = sorted((m.median_s, key) for key, m in timed.items() if 2e-5 <= m.median_s <= 2e-3 and m.cv < 0.2)
+        for _, key in steady[len(steady) // 2:][: ANCHORS - len(self._anchors)]:
+            self._anchors[key] = prepared[key]
+
+    def _time_batch(self, prepared: dict[str, Prepared], repeats: int | None = None,
+                    anchors: bool = True, net: bool = True) -> dict[str, Measurement]:
+        """run key -> Measurement for each prepared kernel: warmed up, then `repeats` rounds that take one
+        sample of every kernel in turn.
+
+        Net of the run's fixed cost (`net`): a trivial model is timed in the same rounds, and its time
+        less one dispatch is taken off every kernel's, so that a batch timed while the machine was busy
+        (a larger fixed cost) does not shift the kernels' costs.
+
+        Drift: the kernels kept as anchors (timed in an earlier batch) are timed in every round too, and
+        the batch's timings are divided by the median ratio of the anchors' times now to their stored
+        times, so that a batch timed while the machine was busier compares with one timed before.
 
         On the CPU, onnxruntime runs convolutions in its blocked NCHWc layout and converts at the
         boundaries of the layout (ReorderInput, ReorderOutput). A convolution alone pays both
         conversions, which in the whole graph only its first and last convolutions pay: each conversion
         the kernel's model holds is timed on its own (`_reorder_s`) and taken off the kernel's time."""
-        runners: dict[str, Any] = {}
-        reorders: dict[str, list[tuple[int, ...]]] = {}
-        for km in models:
-            try:
-                runners[km.key], reorders[km.key] = self._runner(km.graph, level)
-            except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors
-                log.warning("onnxruntime cannot run kernel %s alone (%s); it is costed by the scaled roofline",
-                            km.graph.name, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        if not prepared:
+            return {}
+        runs = {k: p.run for k, p in prepared.items()}
+        extra = {f"anchor:{k}": p.run for k, p in self._anchors.items() if k not in prepared} if anchors else {}
+        runs.update(extra)
+        if net:
+            if self._trivial is None:
+                self._trivial = self._prepare(trivial_chain(1), key="trivial")
+            runs["probe:trivial"] = self._trivial.run
         clock = calling_thread_clock(self.providers[0] == "CPUExecutionProvider", self.threads)
         inner: dict[str, int] = {}
-        for key, run in runners.items():
+        for key, run in runs.items():
             for _ in range(self.warmup):
                 run()
             t0 = clock()
             run()
             one = clock() - t0
             inner[key] = max(1, min(10_000, math.ceil(self.min_sample_s / max(one, 1e-7))))
-        samples: dict[str, list[float]] = {k: [] for k in runners}
-        keys = list(runners)
+        samples: dict[str, list[float]] = {k: [] for k in runs}
+        keys = list(runs)
         for r in range(repeats or self.repeats):
-            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else keys  # rotate who goes first
+            order = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate who goes first
             for key in order:
-                run, n = runners[key], inner[key]
+                run, n = runs[key], inner[key]
                 t0 = clock()
                 for _ in range(n):
                     run()
                 samples[key].append((clock() - t0) / n)
+        fixed = 0.0
+        if net:
+            fixed = max(statistics.median(samples["probe:trivial"]) - self.overhead().dispatch_s, 0.0)
+
+        def net_of(key: str, reorders: list[tuple[int, ...]]) -> float:
+            return statistics.median(samples[key]) - fixed - sum(self._reorder_s(shape) for shape in reorders)
+
+        ratios = [net_of(f"anchor:{k}", a.reorders) / self._timing[k].median_s
+                  for k, a in self._anchors.items() if f"anchor:{k}" in samples and k in self._timing]
+        drift = statistics.median(ratios) if ratios else 1.0
+        drift = drift if 0.5 <= drift <= 2.0 else 1.0  # beyond that, the anchors themselves are unreliable
+        self._drift = round(drift, 4)
+        floor = max(self.overhead().dispatch_s, 1e-9) if net else 1e-9
         out = {}
-        for key, times in samples.items():
-            m = summarize(times)
-            off = sum(self._reorder_s(shape) for shape in reorders[key])
-            if off > 0:
-                off = min(off, m.median_s - self.overhead().fixed_s - self.overhead().dispatch_s)
-                m = Measurement(m.median_s - max(off, 0.0), m.repeats, m.cv, max(m.min_s - max(off, 0.0), 1e-9),
-                                m.max_s - max(off, 0.0))
+        for key in prepared:
+            m = summarize(samples[key])
+            off = fixed + sum(self._reorder_s(shape) for shape in prepared[key].reorders)
+            t = max((m.median_s - off) / drift, floor)
+            m = Measurement(t, m.repeats, m.cv, max(min((m.min_s - off) / drift, t), 1e-9),
+                            max((m.max_s - off) / drift, t))
             out[key] = m
         return out
 
@@ -337,18 +396,20 @@ class MeasuredKernelCostModel(TargetCostModel):
         ReorderOutput pair timed alone (optimisations off, so the pair is kept), less the run overhead."""
         c = -(-shape[1] // 4) * 4  # the blocked layout's channels are a multiple of 4
         probe = reorder_probe((shape[0], c, *shape[2:]))
-        m = self._by_key.get(probe.key) or self.cache.get(probe.key, self.device_id)
+        m = self._timing.get(probe.key) or self.cache.get(probe.key, self.device_id)
         if m is None:
-            m = self._time_batch([probe], level="disable").get(probe.key)
-            if m is None:
+            p = self._prepare(probe.graph, level="disable", key=probe.key)
+            if p is None:
                 return 0.0
+            m = self._time_batch({probe.key: p}, anchors=False)[probe.key]
             m = self.cache.put(probe.key, self.device_id, probe.config, m)
-        self._by_key[probe.key] = m
-        return max(m.median_s - self.overhead().fixed_s - 2 * self.overhead().dispatch_s, 0.0) / 2
+        self._timing[probe.key] = m
+        return max(m.median_s - 2 * self.overhead().dispatch_s, 0.0) / 2  # net of the run's fixed cost already
 
-    def _runner(self, graph: Graph, level: str = "all"):
-        """A callable that runs `graph` once in a new session, and the shapes of the NCHWc layout
-        conversions onnxruntime put into it (CPU convolutions only)."""
+    def _prepare(self, graph: Graph, level: str = "all", key: str | None = None) -> Prepared | None:
+        """A session for `graph` (None where onnxruntime cannot run it alone): a callable that runs it,
+        the key of what onnxruntime runs for it (its optimised model, canonical), and the shapes of the
+        NCHWc layout conversions onnxruntime put at its boundary (CPU convolutions)."""
         import onnxruntime as ort
 
         from xrl.cost.ort import _runner, random_inputs
@@ -365,13 +426,74 @@ class MeasuredKernelCostModel(TargetCostModel):
             so.intra_op_num_threads = self.threads
         so.log_severity_level = 3
         cpu = self.providers[0] == "CPUExecutionProvider"
-        look = cpu and level == "all" and any(n.op == "Conv" for n in graph.nodes.values())
-        with tempfile.TemporaryDirectory(prefix="xrl-kernel-") as tmp:
-            if look:
+        try:
+            with tempfile.TemporaryDirectory(prefix="xrl-kernel-") as tmp:
                 so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-            sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), so, providers=list(self.providers))
-            shapes = _reorder_shapes(onnx.load(so.optimized_model_filepath), graph) if look else []
-        return _runner(sess, random_inputs(graph, self.seed), cuda=not cpu), shapes
+                sess = ort.InferenceSession(to_onnx(graph).SerializeToString(), so, providers=list(self.providers))
+                optimized = onnx.load(so.optimized_model_filepath)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+            log.warning("onnxruntime cannot run kernel %s alone (%s); it is costed by the scaled roofline",
+                        graph.name, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+            return None
+        config = key or run_config(optimized, graph)
+        run_key = key or hashlib.sha256(config.encode()).hexdigest()[:32]
+        shapes = _reorder_shapes(optimized, graph) if cpu and level == "all" else []
+        return Prepared(_runner(sess, random_inputs(graph, self.seed), cuda=not cpu), run_key, config, shapes)
+
+
+def _is_default(name: str, value: Any, weighted: bool) -> bool:
+    """Attributes whose value is the operator's default (convolution and pooling geometry), or derived
+    from the weights (a convolution's kernel_shape; a pool's is its own)."""
+    if name == "auto_pad":
+        return value == "NOTSET"
+    if name in ("dilations", "strides"):
+        return isinstance(value, list) and all(v == 1 for v in value)
+    if name == "pads":
+        return isinstance(value, list) and all(v == 0 for v in value)
+    return name == "kernel_shape" and weighted
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A kernel's open session, ready to time."""
+
+    run: Any
+    run_key: str
+    config: str
+    reorders: list[tuple[int, ...]]
+
+
+def run_config(optimized: onnx.ModelProto, graph: Graph) -> str:
+    """What onnxruntime runs for a kernel, canonical: the optimised model's nodes with their attributes,
+    its inputs' and weights' types (values only for small integer weights), wired by position."""
+    from onnx import helper, numpy_helper
+
+    canon = {v: f"x{i}" for i, v in enumerate(graph.inputs)}
+    weights = {}
+    for t in optimized.graph.initializer:
+        small = int(np.prod(t.dims)) <= _SMALL_CONST and t.data_type in (6, 7)  # int32, int64
+        weights[t.name] = [t.data_type, list(t.dims), numpy_helper.to_array(t).reshape(-1).tolist() if small else None]
+    nodes = []
+    for i, n in enumerate(optimized.graph.node):
+        ins = [canon.get(v) or (["w", *weights[v]] if v in weights else v if not v else "?") for v in n.input]
+        attrs = {}
+        for a in n.attribute:
+            value = helper.get_attribute_value(a)
+            if isinstance(value, onnx.TensorProto):
+                value = [value.data_type, list(value.dims), numpy_helper.to_array(value).reshape(-1)[:16].tolist()]
+            elif isinstance(value, bytes):
+                value = value.decode(errors="replace")
+            elif isinstance(value, list):
+                value = [v.decode(errors="replace") if isinstance(v, bytes) else v for v in value]
+            if _is_default(a.name, value, any(v in weights for v in n.input[1:2])):
+                continue  # an attribute spelled out at its default is the same kernel as one left out
+            attrs[a.name] = value if isinstance(value, (int, float, str, list)) else str(value)
+        for j, v in enumerate(n.output):
+            canon[v] = f"n{i}.{j}"
+        nodes.append([n.domain, n.op_type, ins, sorted(attrs.items())])
+    return json.dumps({"inputs": [str(graph.type_of(v)) for v in graph.inputs], "nodes": nodes,
+                       "outputs": [canon.get(o.name, "?") for o in optimized.graph.output]},
+                      sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _reorder_shapes(optimized: onnx.ModelProto, graph: Graph) -> list[tuple[int, ...]]:
@@ -432,4 +554,4 @@ def _device_id(provider: str, threads: int | None) -> str:
         where = "|".join(gpu_model_names()) or "unknown gpu"
     else:
         where = _cpu_model()
-    return f"ort={ort.__version__}|{provider}|threads={threads or os.cpu_count()}|{where}|kernel-v1"
+    return f"ort={ort.__version__}|{provider}|threads={threads or os.cpu_count()}|{where}|kernel-v2"

@@ -95,6 +95,10 @@ class OpTimingCache:
         created REAL NOT NULL, checksum TEXT NOT NULL,
         PRIMARY KEY (key, device)) WITHOUT ROWID"""
 
+    # What a key stands for: a kernel's model -> the key of what the runtime runs for it (many models, one kernel)
+    _ALIASES = """CREATE TABLE IF NOT EXISTS key_aliases_v1 (
+        key TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (key, device)) WITHOUT ROWID"""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self._conn: sqlite3.Connection | None = None
@@ -121,6 +125,7 @@ class OpTimingCache:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable across a killed process, never corrupt
             conn.execute(self._SCHEMA)
+            conn.execute(self._ALIASES)
             columns = [r[1] for r in conn.execute("PRAGMA table_info(op_timings_v2)")]
             if "checksum" not in columns:
                 raise sqlite3.DatabaseError("table op_timings_v2 has another schema")
@@ -166,6 +171,23 @@ class OpTimingCache:
             raise self._error(e) from None
         stored = self.get(key, device)
         return m if stored is None else stored
+
+    def get_alias(self, key: str, device: str) -> str | None:
+        try:
+            with self._lock:
+                row = self._connection().execute("SELECT target FROM key_aliases_v1 WHERE key = ? AND device = ?",
+                                                 (key, device)).fetchone()
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+        return row[0] if row is not None and isinstance(row[0], str) else None
+
+    def put_alias(self, key: str, device: str, target: str) -> None:
+        try:
+            with self._lock:
+                self._connection().execute("INSERT OR IGNORE INTO key_aliases_v1 VALUES (?, ?, ?)",
+                                           (key, device, target))
+        except sqlite3.Error as e:
+            raise self._error(e) from None
 
     def __len__(self) -> int:
         try:
