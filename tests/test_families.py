@@ -3,12 +3,14 @@ run under onnxruntime, their limits compute what the originals compute, builds a
 xrl's default optimisation of a small member verifies.
 
 Fast set: every member with the TorchScript exporter, one member per family (REPRESENTATIVE) with
-dynamo too (a dynamo export takes 2-5 s); the other members' dynamo exports are marked slow.
+dynamo too (a dynamo export takes 2-5 s); the other members' dynamo exports are marked slow and run
+only with XRL_SLOW_TESTS=1 (they would add a minute to `make test` on two cores).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +24,9 @@ from xrl import graphs
 pytest.importorskip("torch")
 
 FAST = [(m, "ts") for m in F.MEMBERS] + [(m, "dynamo") for m in F.REPRESENTATIVE.values()]
-SLOW = [pytest.param(m, "dynamo", marks=pytest.mark.slow) for m in F.MEMBERS if m not in F.REPRESENTATIVE.values()]
+SLOW_ONLY = pytest.mark.skipif(not os.environ.get("XRL_SLOW_TESTS"), reason="slow: set XRL_SLOW_TESTS=1")
+SLOW = [pytest.param(m, "dynamo", marks=[pytest.mark.slow, SLOW_ONLY]) for m in F.MEMBERS
+        if m not in F.REPRESENTATIVE.values()]
 CASES = FAST + SLOW
 
 
@@ -103,7 +107,7 @@ def test_adapters_as_inputs_stay_inputs() -> None:
     assert np.abs(a - b).max() > 1e-4
 
 
-@pytest.mark.parametrize("exporter", ["ts", pytest.param("dynamo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("exporter", ["ts", pytest.param("dynamo", marks=[pytest.mark.slow, SLOW_ONLY])])
 def test_same_seed_gives_byte_identical_exports(exporter: str) -> None:
     from xrl.graphs.families.export import export
 
@@ -170,10 +174,17 @@ def test_default_optimisation_of_a_small_member_verifies(member: str, exporter: 
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
-@pytest.mark.xfail(strict=False, reason="issue 23 item 2: the rules that merge these forms (LoRA between the bias "
-                                        "Add and the scaling Mul, branch re-parameterisation, packing q/k/v) are "
-                                        "being written")
-@pytest.mark.parametrize(("member", "exporter"), XRL_CASES, ids=[f"{m}-{e}" for m, e in XRL_CASES])
+# What still stops a family from reaching its limit's graph (issue 23): every adapter merges, but after the
+# onnxslim pre-pass each merged layer keeps a flattening Reshape, so q/k/v are not packed into one Gemm as
+# the limit's own run packs them; no rule packs q/k/v or folds RMSNorm's scale into the next projections.
+NOT_YET = {"lora_encoder": "q/k/v packing after onnxslim's Reshape-Gemm-Reshape form",
+           "llama": "no rule folds RMSNorm's scale into the projections or packs q/k/v and gate/up",
+           "attn_bert": "no rule packs q/k/v into one projection"}
+LIMIT_CASES = [pytest.param(m, e, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[m])) if m in NOT_YET
+               else (m, e) for m, e in XRL_CASES]
+
+
+@pytest.mark.parametrize(("member", "exporter"), LIMIT_CASES, ids=[f"{m}-{e}" for m, e in XRL_CASES])
 def test_default_optimisation_reaches_the_limits_op_histogram(member: str, exporter: str, optimized: dict) -> None:
     """xrl's output of the original has the op histogram of xrl's output of the hand-merged limit (both
     through the same pre-passes, so fusions both get do not count)."""
