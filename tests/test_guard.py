@@ -187,3 +187,11 @@ def test_on_fire_small_the_rooflines_beam_result_measures_slower_and_the_guard_w
     assert res.guard is not None and res.guard["estimated_speedups"]["search"] > 1.05
     assert res.guard["candidates"]["search"]["speedup"] < 1.0
     assert res.guard["chosen"] == "original" and res.optimized_nodes == res.original_nodes
+
+
+def test_default_greedy_also_offers_the_guard_its_result_under_the_roofline(measured_defaults, tmp_path) -> None:
+    res = api.optimize("lora_tiny", output=tmp_path / "t.onnx", prepass=())
+    assert api.ROOFLINE_LABEL in res.guard["estimated_speedups"] and "search" in res.guard["estimated_speedups"]
+    assert res.guard["chosen"] in ("search", api.ROOFLINE_LABEL, "original")
+    if res.guard["chosen"] != "original":
+        assert res.rewrites > 0 and res.optimized_nodes < res.original_nodes

@@ -292,6 +292,10 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
                 candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)),
                                    pre_export))
         candidates.append((GuardCandidate("search", written), exported))
+        alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
+                                            loaded, verify_trials)
+        if alternative is not None:
+            candidates.append(alternative[:2])
         options = {"repeats": 5, "warmup": 2, **dict(measure_options or {})}
         timer = measure_model("ort", tgt.provider, **options)
         opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
@@ -304,6 +308,9 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
             check = compare_models(loaded.reference, reference, seed=seed, trials=1)
         elif chosen[0].label == "pre-pass":
             written, exported, outcome = chosen[0].graph, chosen[1], SearchOutcome(start, [], outcome.details)
+        elif chosen[0].label == ROOFLINE_LABEL:
+            written, exported = chosen[0].graph, chosen[1]
+            outcome = SearchOutcome(written, alternative[2], outcome.details)
         optimized_cost = cost_model.cost(written)
         guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
     measured = None
@@ -335,6 +342,29 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
 
 
 GUARD_ENV = "XRL_GUARD"
+ROOFLINE_LABEL = "greedy under the roofline"
+
+
+def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt: Any, device: str | None, seed: int,
+                          steps: int | None, time_limit: float | None, loaded: LoadedModel, trials: int) -> Any:
+    """A second candidate for the guard when the default greedy search ran under measured kernel costs:
+    greedy under the same kernels' roofline. Neither estimate ranks every rewrite as the machine does
+    (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
+    some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
+    Returns (candidate, its ONNX model, its rewrites), or None."""
+    from xrl.cost.guard import GuardCandidate
+    from xrl.cost.kernel_measured import MeasuredKernelCostModel
+    from xrl.frontends.onnx_io import from_onnx, to_onnx
+    from xrl.frontends.verify import compare_models
+
+    if search != "greedy" or not isinstance(cost_model, MeasuredKernelCostModel):
+        return None
+    roofline = get_cost("roofline", device, target=tgt.name)
+    outcome = run_search("greedy", start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
+    exported = to_onnx(outcome.graph.validate())
+    if not compare_models(loaded.reference, exported, seed=seed, trials=trials).ok:
+        return None
+    return GuardCandidate(ROOFLINE_LABEL, from_onnx(exported, name=loaded.graph.name)), exported, list(outcome.steps)
 
 
 def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
