@@ -8,6 +8,12 @@ written again):
     ort-transformers  onnxruntime's transformers optimizer: attention, SkipLayerNorm, (Bias)Gelu and
                       embedding fusions into the contrib ops the CPU and CUDA providers execute.
                       It needs a model type; xrl tries bert and gpt2 and keeps the one that fuses most.
+    onnxscript        onnxscript's `optimize_for_ort` (the `bench` extra): RMSNorm, SkipRMSNorm, rotary
+                      embedding, attention and GQA fusions into onnxruntime's contrib ops. Not a default
+                      of any target; ask for it by name (`--prepass onnxslim,onnxscript`). Its output is
+                      run against its input in onnxruntime before it is kept: on some models it writes a
+                      node onnxruntime rejects (a MultiHeadAttention it cannot load), and such a result
+                      is a dropped pass, not an error.
 
 Each pass is checked on its own: its output must import into the IR (`check`), or it is skipped
 and the report says why; a pass that changes nothing is reported as such. What they compute is
@@ -29,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 import onnx
 
-PREPASSES = ("onnxslim", "ort-transformers")
+PREPASSES = ("onnxslim", "ort-transformers", "onnxscript")
 CONTRIB_DOMAIN = "com.microsoft"
 # the ops whose presence makes a model worth the transformers optimizer's time
 _TRANSFORMER_HINTS = {"Softmax", "LayerNormalization", "ReduceMean", "Erf"}
@@ -131,9 +137,36 @@ def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    try:  # the `bench` extra: optional, so a missing install is a skipped pass with its reason
+        import onnxscript.ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    except ImportError:
+        return model, "skipped: onnxscript is not installed (pip install 'xrl[bench]')"
+    from xrl.errors import VerificationError
+    from xrl.frontends.verify import compare_models
+
+    with _quiet():
+        optimized, stats = optimize_for_ort(ir.from_proto(copy.deepcopy(model)))
+        out = ir.to_proto(optimized)
+    fused = {k: v for k, v in stats.items() if v}
+    if not fused and histogram(out) == histogram(model):
+        return model, "no fusion applies"
+    # onnxruntime must load and run what it wrote, and compute what its input computes: a pass that
+    # fails here is dropped with this reason (raised), the model stays as it was
+    with _quiet():
+        check = compare_models(model, out, trials=1)
+    if not check.ok:
+        raise VerificationError(f"its output fails verification: {check.detail}")
+    if any(n.domain == CONTRIB_DOMAIN for n in out.graph.node):
+        out = _typed(out)
+    return out, "fused: " + ", ".join(f"{k} {v}" for k, v in sorted(fused.items()))
+
+
 _RUNNERS: dict[str, Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]] = {
     "onnxslim": _onnxslim,
     "ort-transformers": _ort_transformers,
+    "onnxscript": _onnxscript,
 }
 
 
