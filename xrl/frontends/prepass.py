@@ -188,10 +188,29 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+@contextlib.contextmanager
+def _scratch_cwd():
+    """Run a pass in a temporary working directory, removed afterwards: onnxruntime's symbolic shape
+    inference writes its temporaries (`sym_shape_infer_temp.onnx`, external `.data` files) into the
+    current directory, which is the user's."""
+    import shutil
+    import tempfile
+
+    here = os.getcwd()
+    scratch = tempfile.mkdtemp(prefix="xrl-prepass-")
+    try:
+        os.chdir(scratch)
+        yield
+    finally:
+        os.chdir(here)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _in_child(name: str, data: bytes, conn, parent: int) -> None:  # noqa: ANN001 - a multiprocessing Connection
     _die_with_parent(parent)
     try:
-        out, detail = _RUNNERS[name](onnx.load_from_string(data))
+        with _scratch_cwd():
+            out, detail = _RUNNERS[name](onnx.load_from_string(data))
         conn.send((out.SerializeToString() if out is not None else None, detail, None))
     except Exception as e:  # reported by the parent as a dropped pass
         from xrl.frontends.onnx_io import brief_error
@@ -205,7 +224,8 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
     """Run a pass in a child process that is killed after `timeout` seconds: the libraries have no time
     limit of their own, and some of their passes are quadratic in the node count."""
     if timeout is None or timeout == float("inf"):
-        return _RUNNERS[name](model)
+        with _scratch_cwd():
+            return _RUNNERS[name](model)
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
