@@ -304,8 +304,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
               f"{res.guard['time_s']:.1f} s); {res.guard['reason']}")
     elif res.target != "paper":
         print("guard: off (--no-guard): the written model was not measured against the original")
-    if res.measured and "round_speedups" in res.measured:
+    if args.measure and res.guard is not None:  # every candidate the guard timed, with its interval
+        for label, m in res.guard["candidates"].items():
+            print(f"{label}: {measured_line(m)}")
+    elif res.measured and "round_speedups" in res.measured:
         print(measured_line(res.measured))
+    if res.measured and "round_speedups" in res.measured:
         if res.measured["verdict"] == "too noisy to tell":
             print(f"xrl: warning: this machine was too noisy to resolve a 3% effect: identical work measured up to "
                   f"{res.measured['noise']:.1%} apart in this run; measure again when it is quieter, or with "
