@@ -10,24 +10,31 @@ the device it optimised for:
   the values it reads from outside as inputs, the values it writes for outside as outputs. onnxruntime
   loads it with the target's provider, thread count and optimisation level, so it fuses the kernel's
   nodes as it would in the whole graph.
+- A kernel is known by what onnxruntime runs for it: the optimised model the session writes, in a
+  canonical form (`run_config`: names, weight values and attributes at their defaults play no part).
+  Two kernels the runtime optimises alike (a Conv with a BatchNormalization it folds, and the Conv xrl
+  folded) share one timing, so a rewrite the runtime does itself costs exactly nothing.
 - New kernels are timed together, interleaved: warm-up, then `repeats` rounds, each running every
   kernel for one sample of at least `min_sample_s`; a kernel's time is the median of its samples, its
-  spread is kept. Interleaving puts the machine's drift on every kernel alike; with one thread on the
-  CPU the clock is the calling thread's CPU time (onnxruntime computes on it), which other processes
-  taking the core away do not inflate.
-- A session run has a fixed cost and each kernel a dispatch cost, both measured once per machine
-  (`RunOverhead`: one trivial kernel against a chain of them). A kernel's cost is its timed run less
-  the fixed part; a graph's cost is the fixed part plus the sum of its kernels' costs.
+  spread is kept. With one thread on the CPU the clock is the calling thread's CPU time (onnxruntime
+  computes on it), which other processes taking the core away do not inflate.
+- Timings are net of a session run's fixed cost: a trivial model is timed in the same rounds and its
+  time (less one dispatch) is taken off every kernel's. The drift of the machine between batches is
+  measured on anchor kernels (timed in an earlier batch) re-timed beside every batch, and divided out.
+  On the CPU, the NCHWc layout conversions a lone convolution pays (and the whole graph pays only at
+  its ends) are timed alone and taken off. A graph's cost is the run's fixed cost (`RunOverhead`,
+  measured once per machine) plus its kernels' net costs.
 - Timings persist in the on-disk cache shared with the `op` model's design (`OpTimingCache`: one
-  transaction per timing, insane or tampered entries refused and re-measured), in `kernel_costs.sqlite`,
-  keyed by the kernel's canonical form (names and weight values play no part) and by the runtime's
-  version, provider, threads and the CPU or GPU model.
+  transaction per timing, a checksum per row, insane or tampered rows refused and re-measured), in
+  `kernel_costs.sqlite`, keyed by the run key and by the runtime's version, provider, threads and the
+  CPU or GPU model; a kernel's model key maps to its run key in the same file.
 - A kernel not yet timed is timed on first use. Past `deadline` (the search's time limit) or when
   onnxruntime cannot run it alone, its cost is the roofline scaled by the measured-to-roofline ratio
   of the kernels timed so far: a named fallback, counted in `stats`.
 
-What it is: a sum of measured parts, so it is still a model of the whole graph (memory effects
-between kernels are not in it); `experiments/validate_cost.py` checks it against end-to-end timing.
+What it is: a sum of measured parts, so it is still a model of the whole graph: what onnxruntime does
+across kernels (on the CPU, an NCHWc Conv absorbing the Add and activation after it; cache residency
+between kernels) is not in it. `experiments/validate_cost.py` checks it against end-to-end timing.
 Once its kernels are in the cache it is deterministic and costs microseconds per candidate.
 """
 
