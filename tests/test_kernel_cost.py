@@ -224,3 +224,12 @@ def test_env_and_cache_dir_defaults(monkeypatch, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="unknown kernel timing 'bogus'"):
         get_cost_model("target", target="ort-cpu")
     assert os.environ["XRL_CACHE_DIR"] == str(tmp_path)
+
+
+def test_the_model_pickles_without_its_open_sessions(cache_path: Path) -> None:
+    import pickle
+
+    m = MeasuredKernelCostModel(target="ort-cpu", cache_path=cache_path, **FAST)
+    c = m.cost(mlp())
+    copy = pickle.loads(pickle.dumps(m))
+    assert copy.cost(mlp()) == c and copy.cost(from_onnx(graphs.build("tiny_cnn"), name="tiny_cnn")) > 0

@@ -184,6 +184,12 @@ class MeasuredKernelCostModel(TargetCostModel):
         self._timed_s = 0.0
         self._overhead: RunOverhead | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a worker process gets a copy): open sessions stay behind, to be made anew there."""
+        state = dict(self.__dict__)
+        state.update(_anchors={}, _trivial=None)
+        return state
+
     # ----- the CostModel interface --------------------------------------------------------------
     def cost(self, graph: Graph) -> float:
         key = graph.canonical_hash
