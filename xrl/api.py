@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from xrl.cost.base import CostModel
 from xrl.errors import OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
@@ -54,9 +56,11 @@ class OptimizeResult:
     measured_interval: list[float] | None = None
     verdict: str | None = None  # faster | slower | within noise | too noisy to tell; None: unmeasured
     cost_report: dict[str, Any] | None = None  # the measured kernel cost's cache hits and measuring time
+    # The optimised model itself (what was or would be written), for callers that keep it in memory
+    model: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "model"}
 
 
 @dataclass
@@ -80,6 +84,43 @@ def check_output_path(output: str | Path, source: Path | None, *, force: bool) -
     if not out.parent.exists():
         raise OutputPathError(f"output directory {out.parent} does not exist")
     return out
+
+
+def check_search_options(search: str, prepass: str | Sequence[str] | None = None, target: str | None = None,
+                         cost: str | None = None) -> None:
+    """Reject an unknown search, pre-pass, target or cost name before any model is loaded."""
+    from xrl.cost import COST_MODELS, TARGETS
+    from xrl.errors import ConfigError
+    from xrl.frontends.prepass import PREPASSES
+
+    if search != "none" and search not in SEARCH_METHODS and search not in _SEARCH_RUNNERS:
+        raise ConfigError(f"unknown search method {search!r}; choose one of {', '.join(SEARCH_METHODS)}")
+    names = prepass.split(",") if isinstance(prepass, str) else list(prepass or ())
+    unknown = [p for p in names if p and p != "none" and p not in PREPASSES]
+    if unknown:
+        raise ConfigError(f"unknown pre-pass {unknown[0]!r}; choose from: {', '.join(PREPASSES)} (or none)")
+    if target not in (None, "auto") and target not in TARGETS:
+        raise ConfigError(f"unknown target {target!r}; choose one of: {', '.join(TARGETS)}")
+    if cost is not None and cost not in COST_MODELS:
+        raise ConfigError(f"unknown cost model {cost!r}; choose one of: {', '.join(COST_MODELS)}")
+
+
+def as_loaded(model: str | LoadedModel | onnx.ModelProto | Graph, *, input_shapes=None,  # noqa: ANN001
+              seed: int = 0) -> LoadedModel:
+    """What `optimize` takes: a path or built-in name, an `onnx.ModelProto` in memory, or an xrl Graph."""
+    from xrl.frontends.onnx_io import from_onnx, to_onnx
+
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return LoadedModel(from_onnx(model, input_shapes, name=model.graph.name or "model"), model,
+                           f"<ModelProto {model.graph.name or 'model'}>", "onnx")
+    if isinstance(model, Graph):
+        return LoadedModel(model, to_onnx(model), f"<Graph {model.name}>", "graph")
+    if isinstance(model, (str, Path)):
+        return load_model(str(model), input_shapes=input_shapes, seed=seed)
+    raise XrlError(f"optimize takes a path, a built-in graph name, an onnx.ModelProto or an xrl Graph, "
+                   f"not {type(model).__name__}")
 
 
 def get_cost(name: str, device: str | None, target: str | None = None, **options: Any) -> CostModel:
@@ -209,7 +250,8 @@ def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:
     _SEARCH_RUNNERS[name] = runner
 
 
-def optimize(model: str | LoadedModel, *, output: str | Path | None = None, search: str = "greedy",
+def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str | Path | None = None,
+             search: str = "greedy",
              cost: str = "target", device: str | None = None, target: str | None = None,
              prepass: Sequence[str] | None = None, seed: int = 0, steps: int | None = None,
              time_limit: float | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -242,7 +284,8 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
     from xrl.frontends.verify import compare_models
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, input_shapes=input_shapes, seed=seed)
+    check_search_options(search, prepass, target, cost)
+    loaded = as_loaded(model, input_shapes=input_shapes, seed=seed)
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
     # the per-op analytic model is the research setting's cost: asked for by name, it means that target
     tgt = get_target("paper" if target is None and cost == "analytic" else target, device)
@@ -338,7 +381,7 @@ def optimize(model: str | LoadedModel, *, output: str | Path | None = None, sear
         target=tgt.name, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
         measured_speedup=measured["speedup"] if measured else None,
         measured_interval=list(measured["interval95"]) if measured else None,
-        verdict=measured["verdict"] if measured else None, cost_report=report)
+        verdict=measured["verdict"] if measured else None, cost_report=report, model=exported)
 
 
 GUARD_ENV = "XRL_GUARD"

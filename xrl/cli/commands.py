@@ -243,8 +243,10 @@ def measured_line(m: dict) -> str:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from xrl.api import check_output_path, optimize
+    from xrl.api import check_output_path, check_search_options, optimize
 
+    # every option is checked before the model is built or read: a bad name must not cost a load
+    check_search_options(args.search, args.prepass, args.target, args.cost)
     loaded = load(args)
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
