@@ -85,21 +85,12 @@ class ValidationResult:
 def check_source(spec: str) -> None:
     """A state's `graph` must be a built-in graph name or a regular file: a state file must not make xrl
     read /dev/zero until memory runs out, nor wait on a FIFO for good."""
-    import os
-    import stat
+    from xrl.frontends.loader import check_regular_file, names_a_file
 
     if not spec or "\0" in spec:
         raise ConfigError(f"a state names the graph {spec!r}: not a built-in graph name or a model file")
-    path = Path(spec)
-    if not (path.suffix or "/" in spec or path.exists()):
-        return  # a built-in name: an unknown one fails with the list of names when it is built
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise ConfigError(f"a state names the graph {spec!r}: {e.strerror or e}") from None
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"a state names the graph {spec!r}, which is not a regular file (a device, pipe or "
-                          "directory); xrl reads models only from files")
+    if names_a_file(spec):  # a built-in name: an unknown one fails with the list of names when it is built
+        check_regular_file(Path(spec), f"a state's graph {spec!r}")
 
 
 def load_source(spec: str) -> Graph:

@@ -28,6 +28,27 @@ class LoadedModel:
     path: Path | None = None
 
 
+def names_a_file(spec: str) -> bool:
+    """Whether `spec` names a file (it has a suffix or a slash, or exists) rather than a built-in graph."""
+    path = Path(spec)
+    return path.suffix != "" or "/" in spec or path.exists()
+
+
+def check_regular_file(path: Path, what: str) -> None:
+    """Refuse a path that is not a regular file: a device (/dev/zero) would be read until memory runs out,
+    a FIFO would block for good. `what` names it in the message."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ModelLoadError(f"{what}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ModelLoadError(f"{what} is not a regular file (a device, pipe or directory); xrl reads models "
+                             "only from files")
+
+
 def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                batch: int = 1, seed: int = 0) -> LoadedModel:
     """Load `spec`: a path to an .onnx or HLO text file, or the name of a built-in graph."""
@@ -35,18 +56,16 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
     from xrl.frontends.hlo import load_hlo, looks_like_hlo
     from xrl.frontends.onnx_io import from_onnx, load_onnx, to_onnx
 
-    path = Path(spec)
-    looks_like_path = path.suffix != "" or "/" in spec or path.exists()
-    if not looks_like_path:
+    if not names_a_file(spec):
         model = graphs.build(spec, batch=batch, seed=seed)
         return LoadedModel(from_onnx(model, input_shapes, name=spec), model, spec, "builtin")
+    path = Path(spec)
     if not path.exists():
         raise ModelLoadError(f"{spec}: no such file (give an .onnx file, an HLO text file, or a built-in graph "
                              f"name from `xrl graphs list`)")
     if path.is_dir():
         raise ModelLoadError(f"{spec} is a directory, not a model file")
-    if not path.is_file():  # a device (/dev/zero) or a FIFO would be read without end, or block
-        raise ModelLoadError(f"{spec} is not a regular file (a device, pipe or socket); give a model file")
+    check_regular_file(path, spec)
     with path.open("rb") as f:
         head = f.read(4096)
     if looks_like_hlo(head.decode("utf-8", errors="replace")):

@@ -95,21 +95,13 @@ def _check_graph_spec(item: str) -> None:
     """A built-in graph name or a regular model file, checked before any work: an unknown name is a user
     error (not a row of failed runs and exit 0), and /dev/zero or a FIFO is never read."""
     import difflib
-    import os
-    import stat
 
     from xrl import graphs
     from xrl.errors import UnknownGraphError
+    from xrl.frontends.loader import check_regular_file, names_a_file
 
-    path = Path(item)
-    if path.suffix or "/" in item or path.exists():
-        try:
-            mode = os.stat(path).st_mode
-        except OSError as e:
-            raise ConfigError(f"--graphs {item}: {e.strerror or e}") from None
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"--graphs {item} is not a regular file (a directory, device or pipe); give a model "
-                              "file or a built-in graph name")
+    if names_a_file(item):
+        check_regular_file(Path(item), f"--graphs {item}")
         return
     if item not in graphs.BUILTIN_GRAPHS:
         close = difflib.get_close_matches(item, list(graphs.BUILTIN_GRAPHS), n=1)
