@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from xrl import graphs as builtin
 from xrl.api import get_cost, measure_model, run_search
 from xrl.cost.guard import GuardCandidate, measure_guard
 from xrl.frontends.loader import load_model
 from xrl.frontends.onnx_io import from_onnx, to_onnx
 from xrl.frontends.verify import compare_models
+from xrl.search.compare import resolve_graphs
 
 METHODS = ("greedy", "beam", "taso", "tensat", "rl")
 LABEL = {"roofline": "roofline", "target": "measured"}
@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="experiments/results/measured_tables")
     args = p.parse_args(argv)
     args.methods, args.costs = args.methods.split(","), args.costs.split(",")
-    names = [n for item in args.graphs.split(",") if item
-             for n in (builtin.names(item) if item in builtin.SUITES else [item])]
+    names = resolve_graphs(args.graphs)
     timer = measure_model("ort", "cpu", repeats=args.repeats, warmup=2, threads=1)
     rows: list[dict] = []
     t0 = time.perf_counter()

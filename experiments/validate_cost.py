@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from xrl import graphs as builtin
 from xrl.api import get_cost, measure_model
 from xrl.cost.guard import GuardCandidate, measure_guard
 from xrl.cost.speedup import measure_speedup
 from xrl.frontends.loader import load_model
 from xrl.rewrite import RewriteEngine
+from xrl.search.compare import resolve_graphs
 from xrl.search.greedy import greedy_search
 
 COSTS = ("roofline", "target")  # "target": the measured kernel cost
@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     provider = "cuda" if args.target == "ort-cuda" else "cpu"
     costs = {k: get_cost(k, None, target=args.target) for k in COSTS}
     timer = measure_model("ort", provider, repeats=args.repeats, warmup=2, threads=1)
-    names = [n for item in args.graphs.split(",") if item
-             for n in (builtin.names(item) if item in builtin.SUITES else [item])]
+    names = resolve_graphs(args.graphs)
     graphs = [(n, load_model(n).graph) for n in dict.fromkeys(names)]
     state_rows, gap_rows = [], []
     t0 = time.perf_counter()
