@@ -180,6 +180,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         self._trivial: Prepared | None = None  # a one-Add model timed in every batch: the run's fixed cost then
         self._drift = 1.0
         self._measured_costs: dict[tuple, float] = {}  # (op, nodes, written) -> seconds: node objects are shared
+        self._models: dict[tuple, KernelModel] = {}  # the kernel models `_time_missing` built for `kernel_cost`
         self._roofline_s = 0.0  # the roofline of the kernels timed so far: the fallback's scale
         self._timed_s = 0.0
         self._overhead: RunOverhead | None = None
@@ -223,7 +224,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         memo = self._measured_costs.get(memo_key)
         if memo is not None:
             return memo
-        km = kernel_model(k, graph)
+        km = self._models.pop(memo_key, None) or kernel_model(k, graph)
         m = self._timing_of(km.key)
         if m is None:  # not timed: the named fallback
             self.stats["fallback"] += 1
@@ -285,11 +286,14 @@ class MeasuredKernelCostModel(TargetCostModel):
         kernels the runtime optimises to the same work (a Conv with and without a BatchNormalization it
         folds) share one timing, so a rewrite the runtime does itself costs exactly nothing."""
         todo: dict[str, tuple[KernelModel, Kernel]] = {}
+        self._models.clear()
         for k in kernels:
-            if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes \
-                    or (k.op, k.nodes, _written(k, graph)) in self._measured_costs:
+            if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes:
                 continue
-            km = kernel_model(k, graph)
+            memo_key = (k.op, k.nodes, _written(k, graph))
+            if memo_key in self._measured_costs:
+                continue
+            km = self._models[memo_key] = kernel_model(k, graph)  # kernel_cost takes it from here
             if km.key in todo:
                 continue
             if self._timing_of(km.key) is not None:
