@@ -134,67 +134,51 @@ class OpTimingCache:
         self._conn, self._pid = conn, os.getpid()
         return conn
 
-    def get(self, key: str, device: str) -> Measurement | None:
+    def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """Run one statement (its own transaction) and return its rows; any sqlite failure is a CacheError."""
         try:
             with self._lock:
-                conn = self._connection()
-                row = conn.execute("SELECT median_s, repeats, cv, min_s, max_s, checksum FROM op_timings_v2 "
-                                   "WHERE key = ? AND device = ?", (key, device)).fetchone()
-                if row is None:
-                    return None
-                median_s, repeats, cv, min_s, max_s, checksum = row
-                try:
-                    m = Measurement(float(median_s), int(repeats), float(cv), float(min_s), float(max_s))
-                    ok = sane(m) and checksum == _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)
-                except (TypeError, ValueError):
-                    ok = False
-                if not ok:
-                    conn.execute("DELETE FROM op_timings_v2 WHERE key = ? AND device = ?", (key, device))
-                    self.refused += 1
-                    return None
-                return m
+                return self._connection().execute(sql, params).fetchall()
         except sqlite3.Error as e:
             raise self._error(e) from None
+
+    def get(self, key: str, device: str) -> Measurement | None:
+        rows = self._sql("SELECT median_s, repeats, cv, min_s, max_s, checksum FROM op_timings_v2 "
+                         "WHERE key = ? AND device = ?", (key, device))
+        if not rows:
+            return None
+        median_s, repeats, cv, min_s, max_s, checksum = rows[0]
+        try:
+            m = Measurement(float(median_s), int(repeats), float(cv), float(min_s), float(max_s))
+            ok = sane(m) and checksum == _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            self._sql("DELETE FROM op_timings_v2 WHERE key = ? AND device = ?", (key, device))
+            self.refused += 1
+            return None
+        return m
 
     def put(self, key: str, device: str, config: str, m: Measurement) -> Measurement:
         """Store `m` unless another process stored this key first; returns the stored value. An insane
         `m` (a timer glitch) is returned to the caller but not stored."""
         if not sane(m):
             return m
-        row = (key, device, config, m.median_s, m.cv, m.repeats, m.min_s, m.max_s, time.time(),
-               _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s))
-        try:
-            with self._lock:
-                self._connection().execute("INSERT OR IGNORE INTO op_timings_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                           row)
-        except sqlite3.Error as e:
-            raise self._error(e) from None
+        self._sql("INSERT OR IGNORE INTO op_timings_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  (key, device, config, m.median_s, m.cv, m.repeats, m.min_s, m.max_s, time.time(),
+                   _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)))
         stored = self.get(key, device)
         return m if stored is None else stored
 
     def get_alias(self, key: str, device: str) -> str | None:
-        try:
-            with self._lock:
-                row = self._connection().execute("SELECT target FROM key_aliases_v1 WHERE key = ? AND device = ?",
-                                                 (key, device)).fetchone()
-        except sqlite3.Error as e:
-            raise self._error(e) from None
-        return row[0] if row is not None and isinstance(row[0], str) else None
+        rows = self._sql("SELECT target FROM key_aliases_v1 WHERE key = ? AND device = ?", (key, device))
+        return rows[0][0] if rows and isinstance(rows[0][0], str) else None
 
     def put_alias(self, key: str, device: str, target: str) -> None:
-        try:
-            with self._lock:
-                self._connection().execute("INSERT OR IGNORE INTO key_aliases_v1 VALUES (?, ?, ?)",
-                                           (key, device, target))
-        except sqlite3.Error as e:
-            raise self._error(e) from None
+        self._sql("INSERT OR IGNORE INTO key_aliases_v1 VALUES (?, ?, ?)", (key, device, target))
 
     def __len__(self) -> int:
-        try:
-            with self._lock:
-                return int(self._connection().execute("SELECT COUNT(*) FROM op_timings_v2").fetchone()[0])
-        except sqlite3.Error as e:
-            raise self._error(e) from None
+        return int(self._sql("SELECT COUNT(*) FROM op_timings_v2")[0][0])
 
     def close(self) -> None:
         with self._lock:
