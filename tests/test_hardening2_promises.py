@@ -134,3 +134,27 @@ def test_force_replaces_a_file_and_its_absence_keeps_it(tmp_path, capsys):
     _optimize(capsys, "mlp", "--search", "none", *FAST, "-o", str(out), "--force")
     assert len(onnx.load(str(out)).graph.node) > 0
     assert [p.name for p in tmp_path.iterdir()] == ["o.onnx"]
+
+
+# ----- rule verification reads every output ---------------------------------------------------------------
+SECOND_OUTPUT_WRONG = """\
+# Wrong in its second output only
+rule merge_second_output_wrong family=merge
+  y1 = MatMul(x, w1)
+  y2 = MatMul(x, w2)
+  where weight(w1) and weight(w2) and rank(w1) == 2 and rank(w2) == 2
+  =>
+  y1, y2 = Split(MatMul(x, Concat(w1, w1, axis=1)), axis=rank(y1) - 1, split=(dim(w1, 1), dim(w1, 1)))
+  example x=[B, M, K], w1=[K, N], w2=[K, N]
+"""
+
+
+def test_rule_verification_compares_every_output_of_a_multi_output_rule():
+    """The first output of this merge is right and the second is x @ w1 where x @ w2 was: a verifier that
+    compares only the first output passes it."""
+    from xrl.rewrite.lang import parse_rules
+    from xrl.rewrite.verify import verify_rule
+
+    (rule,) = parse_rules(SECOND_OUTPUT_WRONG)
+    check = verify_rule(rule, seed=0)
+    assert not check.ok and check.detail.startswith("output out1 "), check  # the second output
