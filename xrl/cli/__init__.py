@@ -1,4 +1,4 @@
-"""The `xrl` command line: wiring only (DESIGN.md). Each command group lives in its own module."""
+"""The `xrl` command line: wiring only (docs/architecture.md, "The CLI is wiring only"); a module per command group."""
 
 from xrl.cli.main import main
 

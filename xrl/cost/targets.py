@@ -1,6 +1,6 @@
 """Targets: what will run the written model, and so what a graph's cost means.
 
-A target is the one object every layer agrees on (DESIGN.md): the runtime and its execution
+A target is the one object every layer agrees on (docs/architecture.md, "The target"): the runtime and its execution
 provider (whose own fusions are applied before costing: `xrl.cost.runtime_fusion`), the device
 profile of the roofline estimate, where `--measure` times the result, and the clean-up passes of
 well-kept libraries the deployment pipeline runs before xrl's own search.
@@ -23,7 +23,7 @@ from xrl.cost.devices import this_machine_profile
 from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_kernels
 from xrl.errors import ConfigError
 from xrl.ir import Graph, Node
-from xrl.ir.ops import OPS, node_flops, op_kind
+from xrl.ir.ops import OPS, node_flops, op_kind, op_runtime
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ class Target:
     profile: str  # the analytic device profile (xrl.cost.devices), "auto": this machine's GPU's
     prepasses: tuple[str, ...] = ()  # xrl.frontends.prepass names, run before the search
     research: bool = False  # the papers' setting: labelled as such wherever it is reported
+
+    def runs(self, op: str) -> bool:
+        """Whether this target's runtime runs IR op `op`: every standard op, and onnxruntime's contrib ops
+        (SimplifiedLayerNormalization, ...) under onnxruntime only."""
+        needs = op_runtime(op)
+        return needs is None or needs == self.runtime
 
     @property
     def device_profile(self) -> str:
@@ -135,6 +141,7 @@ class TargetCostModel(CostModel):
                                   "(h100, a100, v100, gtx1080, cpu) to estimate for another device")
         self.profile = device if device not in (None, "auto", "cuda") else self.target.device_profile
         self.analytic = AnalyticCostModel(device=self.profile)
+        self.analytic.runtimes = frozenset({self.target.runtime})  # its contrib ops are kernels here
         self._costs: dict[str, float] = {}
         self._kernel_costs: dict[tuple, float] = {}
 

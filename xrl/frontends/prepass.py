@@ -1,7 +1,7 @@
 """Clean-up passes of well-kept libraries, run on the ONNX model before xrl's own search.
 
 What a practitioner would run instead of xrl, xrl runs first, so its search starts from the best
-the peers give and its output is never behind them (DESIGN.md: prefer a well-kept library to code
+the peers give and its output is never behind them (docs/architecture.md: prefer a well-kept library to code
 written again):
 
     onnxslim          constant folding, dead-code and shape-chain removal, Pad folded into Conv, ...

@@ -1,6 +1,6 @@
 """The graph IR: typed operators, shape inference, FLOP/byte counts, hashing, validation.
 
-Pure Python and numpy: no torch, no onnx, no gym (see DESIGN.md, boundaries).
+Pure Python and numpy: no torch, no onnx, no gym (see docs/architecture.md, "Boundaries").
 """
 
 from xrl.ir.graph import Graph, Node

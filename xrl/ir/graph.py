@@ -2,7 +2,7 @@
 
 A Graph is never mutated after construction. A rewrite builds a new Graph with `replace`, which
 shares every untouched Node, TensorType and weight array with its parent: a candidate costs a
-few dict copies, not a deep copy (DESIGN.md, "candidates without whole-graph copies").
+few dict copies, not a deep copy (docs/architecture.md, "Candidates without whole-graph copies").
 """
 
 from __future__ import annotations

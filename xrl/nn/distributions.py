@@ -4,7 +4,7 @@ A batch of states has a different number of candidates per state (3 or 800); the
 concatenated into one vector `logits` [C] with `group` [C] naming each score's state. Groups are
 contiguous and sorted (state 0's candidates, then state 1's, ...), and an action is the index of
 a candidate *within* its group. Nothing is padded to a fixed candidate count, so a policy is not
-tied to one (DESIGN.md, "no padding to a fixed candidate count").
+tied to one (docs/architecture.md, "No padding to a fixed candidate count").
 
     log p(a | s) = l_a - logsumexp_{c in s} l_c          (masked candidates: l_c = -inf)
     H(s)         = -sum_{c in s} p_c log p_c             (a masked candidate adds 0)
