@@ -1,7 +1,7 @@
 """The Python API that the CLI wraps: load, cost, optimise, verify, write.
 
-`optimize` is the deployment path of DESIGN.md: Graph -> search -> best Graph -> verify against the
-original under onnxruntime -> ONNX out. Nothing is written unless verification passes, and the
+`optimize` is the deployment path: Graph -> search -> best Graph -> verify against the original under
+onnxruntime -> ONNX out. Nothing is written unless verification passes, and the
 file appears atomically.
 """
 
