@@ -98,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rl-mode", choices=("guided", "argmax"),
                    help="--search rl: guided (default: the argmax rollout, then a beam over the policy's prior ranked "
                         "by its value head, within 60 s or --time-limit) or argmax (the policy's own choice each step)")
+    p.add_argument("--prior", choices=("trained", "untrained", "uniform", "cost"),
+                   help="--search rl, guided: what guides the search (default trained: the policy; untrained: its "
+                        "network initialised from --seed; uniform; cost: a softmax over each rewrite's estimated gain)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="--search rl --rl-mode argmax: also play K sampled rollouts and keep the best graph")
     p.add_argument("--beam-width", type=int, metavar="K", help="--search beam: graphs kept per level (default 8)")
@@ -251,12 +254,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
     options: dict = {}
-    if args.policy or args.samples or args.rl_mode:
+    if args.policy or args.samples or args.rl_mode or args.prior:
         if args.search != "rl":
             from xrl.errors import ConfigError
 
-            raise ConfigError("--policy, --rl-mode and --samples apply to --search rl only")
+            raise ConfigError("--policy, --rl-mode, --prior and --samples apply to --search rl only")
         options = {"policy": args.policy} if args.policy else {}
+        if args.prior:
+            options["prior"] = args.prior
         if args.samples:
             options["samples"] = args.samples
         if args.rl_mode:

@@ -1,4 +1,4 @@
-"""Policy-guided search: a beam over the policy's prior, ranked by its value head, under a time budget.
+"""Prior-guided search: a beam over a prior's choices, ranked by its value, under a time budget.
 
 The argmax rollout reads one action per state; this search reads the policy as AlphaGo-style
 searches do, as a prior over which rewrites are worth trying and a value for how much a state has
@@ -25,23 +25,30 @@ climbs steeply first: merging a decoding-step LoRA adapter, x A B -> x (A B), tu
 a full one (about 1.5x the cost of the graph) before x W + x (A B) = x (W + A B) removes it; large graphs
 spend their budget widening at the first alpha. Deterministic where the budget does not bind: no
 sampling, ties go to the engine's candidate order.
+
+The prior (xrl.rl.priors) is a trained policy, the same network untrained, a uniform prior or a cost
+prior: the same search reads each the same way, so what learning adds is measured at equal budget. A
+non-learned prior has no argmax rollout worth running (uniform) or one that is greedy by estimate (cost).
+
+Stopping (`stop=True`, what `--search rl` runs): besides the budget and the exhausted space, the search
+stops (1) when a pass found nothing new and the value head bounds what is left below the best found:
+no state the pass scored has achieved(s) + V(s) above the best's achieved reward; (2) when it has spent
+EARN times the time it took to find its best (at least EARN_FLOOR_S): time goes on while it pays, so on
+a graph where nothing beyond the argmax rollout is found the search takes about EARN times the rollout's
+time, not its whole budget. `stop=False` runs to the budget (the ablations' anytime curves).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from xrl.cost.base import CostModel
-from xrl.features.incremental import IncrementalFeatures
-from xrl.features.metagraph import FeatureCache
 from xrl.ir import Graph
-from xrl.nn.policy import GraphPolicy
 from xrl.rl.evaluate import PolicyRun, make_env, optimize_with_policy
-from xrl.rl.rollout import observe, uphill_paid_off
+from xrl.rl.priors import Judgement, PolicyPrior, Prior
+from xrl.rl.rollout import uphill_paid_off
 
 # Defaults: a beam of 4 states, each trying its 4 likeliest rewrites; 10% uphill per step (as beam search).
 WIDTH, EXPAND, ALPHA = 4, 4, 1.1
@@ -50,6 +57,10 @@ PATIENCE = 8
 SCORE_BATCH = 32  # states per forward pass when scoring children
 MAX_EXPAND = 32  # widening doubles the rewrites tried per state up to this
 MAX_ALPHA = 8.0  # relaxing stops here: a climb to 8x the parent's cost is not a step on any useful path
+# The stop rule's earned time: the search goes on for at most EARN times as long as it took to find its
+# best (the rollout's end counts as a find), and always for EARN_FLOOR_S: small graphs' alpha relaxations
+# (lora_decode's climb) take a fraction of a second and are found after several passes with no new best.
+EARN, EARN_FLOOR_S = 2.0, 1.0
 
 
 @dataclass
@@ -58,50 +69,23 @@ class _Node:
     steps: list[str]
     costs: list[float]  # the cost at every state of the path, the input's first
     score: float = 0.0
-    dist: Any = None  # the policy's distribution over this state's actions
+    judged: Judgement | None = None  # the prior's view of this state
 
 
-def guided_search(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,
-                  horizon: int = 50, width: int = WIDTH, expand: int = EXPAND, alpha: float = ALPHA,
-                  patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None,
-                  max_candidates: int | None = None,
-                  featurize: FeatureCache | IncrementalFeatures | None = None) -> PolicyRun:
-    """The cheapest graph the argmax rollout or the policy-guided beam reached within `time_limit` seconds."""
-    if width < 1 or expand < 1:
-        raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit if time_limit is not None else float("inf")
-    featurize = featurize if featurize is not None else policy.features()
-    if engine is None:  # one engine (its rules parsed and verified once) for the argmax rollout and the beam
-        from xrl.rewrite import RewriteEngine
+@dataclass
+class _Clock:
+    """The budget's deadline and, with the stop rule, the earned time."""
 
-        engine = RewriteEngine()
-    first = optimize_with_policy(policy, graph, cost_model, engine=engine, horizon=horizon,
-                                 max_candidates=max_candidates, time_limit=time_limit, featurize=featurize)
-    env_steps, states, last = first.env_steps, 0, 0
+    t0: float
+    deadline: float
+    earn: float | None  # None: run to the deadline
+    last_find: float = 0.0  # perf_counter() of the last new best
 
-    env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
-    env.reset(options={"graph": graph})
-    c0 = env.cost0
-    best = _Best(first.cost, first.graph, list(first.steps), first.uphill_paid_off)
-    passes = []
-    # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
-    # A pass that explored no more states than the last one has seen the whole space reachable under
-    # the prior's top choices at this alpha: the next passes may climb more steeply.
-    while time.perf_counter() < deadline and (width, expand, alpha) not in passes:
-        passes.append((width, expand, alpha))
-        explored = _beam_pass(env, c0, policy, featurize, best, width=width, expand=expand, alpha=alpha,
-                              patience=patience, deadline=deadline)
-        env_steps += explored
-        states += explored
-        if len(passes) > 1 and explored <= last:
-            if alpha >= max_alpha:
-                break
-            alpha = min(max_alpha, 1 + max(2 * (alpha - 1), 0.1))
-        last = explored
-        width, expand = width * 2, min(expand * 2, MAX_EXPAND)
-    return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, time.perf_counter() - t0,
-                     best.uphill, [first.speedup, c0 / best.cost])
+    def over(self) -> bool:
+        now = time.perf_counter()
+        if now >= self.deadline:
+            return True
+        return self.earn is not None and now - self.t0 > max(EARN_FLOOR_S, self.earn * (self.last_find - self.t0))
 
 
 @dataclass
@@ -110,20 +94,123 @@ class _Best:
     graph: Graph
     steps: list[str]
     uphill: bool
+    c0: float
+    clock: _Clock
+    trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, best cost) at each new best
+
+    def offer(self, cost: float, graph: Graph, steps: list[str], costs: list[float]) -> None:
+        if cost < self.cost:
+            self.cost, self.graph, self.steps, self.uphill = cost, graph, steps, uphill_paid_off(costs)
+            self.found()
+
+    def found(self) -> None:
+        self.clock.last_find = now = time.perf_counter()
+        self.trace.append((now - self.clock.t0, self.cost))
+
+    @property
+    def achieved(self) -> float:
+        return 100.0 * (self.c0 - self.cost) / self.c0
 
 
-def _beam_pass(env: Any, c0: float, policy: GraphPolicy, featurize: Any, best: _Best, *, width: int, expand: int,
-               alpha: float, patience: int, deadline: float) -> int:
-    """One beam pass from the input graph; updates `best`; returns the number of states it stepped into."""
+def as_prior(prior: Prior | Any) -> Prior:
+    """A Prior as it is; a GraphPolicy as the trained prior it is."""
+    return prior if isinstance(prior, Prior) else PolicyPrior(prior)
+
+
+def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, engine: Any = None,
+                  horizon: int = 50, width: int = WIDTH, expand: int = EXPAND, alpha: float = ALPHA,
+                  patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None,
+                  max_candidates: int | None = None, stop: bool = False,
+                  trace: list[tuple[float, float]] | None = None) -> PolicyRun:
+    """The cheapest graph the prior's argmax rollout or the prior-guided beam reached within `time_limit`
+    seconds (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior). With `stop`, the
+    search also ends where it stops paying (the module's doc). `trace`, if given, receives (seconds, best
+    cost) at the start and at every new best: the anytime curve."""
+    if width < 1 or expand < 1:
+        raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
+    prior = as_prior(prior)
+    t0 = time.perf_counter()
+    clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0)
+    if engine is None:  # one engine (its rules parsed and verified once) for the argmax rollout and the beam
+        from xrl.rewrite import RewriteEngine
+        from xrl.rewrite.rules import load_rules
+
+        engine = RewriteEngine(load_rules())
+    env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
+    env.reset(options={"graph": graph})
+    c0 = env.cost0
+    best = _Best(c0, graph, [], False, c0, clock)
+    best.trace.append((0.0, c0))
+    env_steps, rollout_speedups = 0, []
+    if prior.rolls_out:
+        first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, time_limit)
+        env_steps, rollout_speedups = first.env_steps, [first.speedup]
+        if first.cost < best.cost:
+            best.cost, best.graph, best.steps, best.uphill = first.cost, first.graph, list(first.steps), \
+                first.uphill_paid_off
+            best.found()
+        clock.last_find = time.perf_counter()  # the rollout's end: the passes earn time from here
+    states, last, passes = 0, 0, []
+    # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
+    # A pass that explored no more states than the last one has seen the whole space reachable under
+    # the prior's top choices at this alpha: the next passes may climb more steeply.
+    while not clock.over() and (width, expand, alpha) not in passes:
+        passes.append((width, expand, alpha))
+        before = best.cost
+        explored, bound = _beam_pass(env, c0, prior, best, width=width, expand=expand, alpha=alpha,
+                                     patience=patience, clock=clock)
+        env_steps += explored
+        states += explored
+        if stop and prior.has_value and best.cost >= before and bound <= best.achieved:
+            break  # nothing new, and the value head expects nothing above the best from anything it saw
+        if len(passes) > 1 and explored <= last:
+            if alpha >= max_alpha:
+                break
+            alpha = min(max_alpha, 1 + max(2 * (alpha - 1), 0.1))
+        last = explored
+        width, expand = width * 2, min(expand * 2, MAX_EXPAND)
+    if trace is not None:
+        trace.extend(best.trace)
+    return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, time.perf_counter() - t0,
+                     best.uphill, [*rollout_speedups, c0 / best.cost])
+
+
+def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: Any, horizon: int,
+                    max_candidates: int | None, time_limit: float | None) -> PolicyRun:
+    """The prior's argmax from the input until it picks the no-op: a policy's as `--rl-mode argmax` plays it."""
+    if isinstance(prior, PolicyPrior):
+        return optimize_with_policy(prior.policy, graph, cost_model, engine=engine, horizon=horizon,
+                                    max_candidates=max_candidates, time_limit=time_limit, featurize=prior.featurize)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit if time_limit is not None else float("inf")
+    env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
+    env.reset(options={"graph": graph})
+    best_cost, best_graph, best_steps, costs, done = env.cost, graph, [], [env.cost], False
+    while not done and time.perf_counter() < deadline:
+        action = int(prior.judge([env])[0].log_probs.argmax())
+        _, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+        costs.append(env.cost)
+        if env.cost < best_cost:
+            best_cost, best_graph, best_steps = env.cost, env.graph, list(env.rewrites)
+    return PolicyRun(best_graph, best_cost, env.cost0, best_steps, 1, len(costs) - 1, time.perf_counter() - t0,
+                     uphill_paid_off(costs))
+
+
+def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, expand: int, alpha: float,
+               patience: int, clock: _Clock) -> tuple[int, float]:
+    """One beam pass from the input graph; updates `best`; returns the number of states it stepped into and
+    the highest score (achieved + value) of any state it scored."""
     root = _Node(env, [], [c0])
-    _score([root], policy, featurize, c0)
+    _score([root], prior, c0, clock)
     beam, seen, stale, beam_best, stepped = [root], {env.graph.canonical_hash}, 0, c0, 0
-    while beam and stale < patience and time.perf_counter() < deadline:
+    bound = root.score
+    while beam and stale < patience and not clock.over():
         children: list[_Node] = []
         improved = False
         for node in beam:
             for action in _likeliest(node, expand):
-                if time.perf_counter() >= deadline:
+                if clock.over():
                     break
                 child = node.env.fork()
                 _, _, terminated, truncated, _ = child.step(action)
@@ -135,54 +222,45 @@ def _beam_pass(env: Any, c0: float, policy: GraphPolicy, featurize: Any, best: _
                 steps, costs = [*node.steps, child.last_rewrite], [*node.costs, child.cost]
                 if child.cost < beam_best:
                     beam_best, improved = child.cost, True
-                if child.cost < best.cost:
-                    best.cost, best.graph, best.steps, best.uphill = child.cost, child.graph, steps, \
-                        uphill_paid_off(costs)
+                best.offer(child.cost, child.graph, steps, costs)
                 if not (terminated or truncated):
                     children.append(_Node(child, steps, costs))
-        if children and time.perf_counter() < deadline:
-            children = _score(children, policy, featurize, c0, deadline)
+        if children and not clock.over():
+            children = _score(children, prior, c0, clock)
+            bound = max([bound, *(n.score for n in children)])
         else:
             children = []  # out of time: nothing scored to expand
         beam = sorted(children, key=lambda n: -n.score)[:width]  # stable: ties keep the engine's order
         stale = 0 if improved else stale + 1
-    return stepped
+    return stepped, bound
 
 
 def _likeliest(node: _Node, k: int) -> list[int]:
     """The state's k most likely rewrites (actions 1..n; the no-op is the beam's own stopping)."""
-    logits = node.dist.log_probs[1:]  # one state: its actions in order, the no-op first
+    import torch
+
+    logits = node.judged.log_probs[1:]  # one state: its actions in order, the no-op first
     if logits.numel() == 0:
         return []
     order = torch.argsort(-logits, stable=True)[:k]
     return [int(a) + 1 for a in order if torch.isfinite(logits[a])]
 
 
-def _score(nodes: list[_Node], policy: GraphPolicy, featurize: Any, c0: float,
-           deadline: float = float("inf")) -> list[_Node]:
-    """Encode `nodes` in batched forward passes of SCORE_BATCH states: each node's distribution, and its
-    score achieved + V. Observing and encoding a wide beam's children of a large graph takes seconds: a
-    batch not started by `deadline` is dropped, so the search ends within about one batch of its budget.
+def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock) -> list[_Node]:
+    """Judge `nodes` in batches of SCORE_BATCH states: each node's distribution, and its score achieved + V.
+    Observing and encoding a wide beam's children of a large graph takes seconds: a batch not started
+    before the clock runs out is dropped, so the search ends within about one batch of its budget.
     Returns the scored nodes."""
     scored: list[_Node] = []
     for lo in range(0, len(nodes), SCORE_BATCH):
-        if scored and time.perf_counter() >= deadline:
+        if scored and clock.over():
             break
         batch = nodes[lo:lo + SCORE_BATCH]
-        metas = [observe(n.env, featurize) for n in batch]
-        with torch.no_grad():
-            dist, value = policy(type(metas[0]).collate(metas) if len(metas) > 1 else metas[0])
-        for i, n in enumerate(batch):
-            start, count = int(dist.start[i]), int(dist.counts[i])
-            n.dist = _Slice(dist.log_probs[start:start + count])
-            n.score = 100.0 * (c0 - n.env.cost) / c0 + float(value[i])
+        for n, judged in zip(batch, prior.judge([n.env for n in batch])):
+            n.judged = judged
+            n.score = 100.0 * (c0 - n.env.cost) / c0 + judged.value
         scored.extend(batch)
     return scored
 
 
-@dataclass
-class _Slice:
-    log_probs: torch.Tensor  # one state's log-probabilities, action order
-
-
-__all__ = ["ALPHA", "EXPAND", "MAX_ALPHA", "PATIENCE", "WIDTH", "guided_search"]
+__all__ = ["ALPHA", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "PATIENCE", "WIDTH", "as_prior", "guided_search"]

@@ -1,8 +1,13 @@
 """`--search rl`: optimise a graph with a trained policy (the shipped one unless told otherwise).
 
-Two modes. `guided` (the default) is the policy-guided search of `xrl.rl.guided`: the argmax
-rollout, then a beam over the policy's prior ranked by its value head, within a budget of
-GUIDED_BUDGET_S seconds (TASO's time in the comparisons) or the time limit if that is shorter.
+Two modes. `guided` (the default) is the prior-guided search of `xrl.rl.guided`: the argmax
+rollout, then a beam over the prior's choices ranked by its value, within a budget of
+GUIDED_BUDGET_S seconds (TASO's time in the comparisons) or the time limit if that is shorter, and
+stopping earlier where the search stops paying (the value head bounds what is left below the best
+found, or the search has spent twice the time it took to find its best; option `stop=false` runs to
+the budget). Option `prior` picks what guides it (xrl.rl.priors): `trained` (the checkpoint, the
+default), `untrained` (the checkpoint's network shape initialised from `seed`), `uniform` or `cost`:
+the ablations of issue 24, runnable on a user's own graphs.
 `argmax` plays the policy greedily from the input graph until it chooses to stop, for at most
 `steps` rewrites. The default cap is the graph's op count (at least 50, X-RLflow's training horizon):
 a policy trained on 50-step episodes still knows when to stop, and large CNNs need a few hundred
@@ -28,6 +33,7 @@ from xrl.search.result import SearchResult
 
 MIN_HORIZON = 50
 MODES = ("guided", "argmax")
+PRIORS = ("trained", "untrained", "uniform", "cost")  # xrl.rl.priors.PRIORS, without importing torch
 GUIDED_BUDGET_S = 60.0
 
 
@@ -38,7 +44,8 @@ def default_horizon(graph: Graph) -> int:
 def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None = None, steps: int | None = None,
               samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
               engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
-              budget: float | None = None):
+              budget: float | None = None, prior: str = "trained", stop: bool = True,
+              trace: list[tuple[float, float]] | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
     from xrl.rl.checkpoint import default_policy_path, load_policy
     from xrl.rl.evaluate import optimize_with_policy
@@ -52,17 +59,23 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
     for name, value in (("width", width), ("expand", expand), ("budget", budget)):
         if value is not None and not value > 0:
             raise ConfigError(f"{name} must be positive, not {value}")
+    if prior not in PRIORS:
+        raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
+    if prior != "trained" and mode != "guided":
+        raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
     path = Path(policy) if policy is not None else default_policy_path()
     net, ckpt = load_policy(path)
     horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
     with one_torch_thread():
         if mode == "guided":
             from xrl.rl import guided
+            from xrl.rl.priors import make_prior
 
             limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
-            return guided.guided_search(net, graph, cost_model, engine=engine, horizon=horizon, max_candidates=cap,
-                                        width=int(width or guided.WIDTH), expand=int(expand or guided.EXPAND),
-                                        time_limit=limit)
+            return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
+                                        horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),
+                                        expand=int(expand or guided.EXPAND), time_limit=limit, stop=stop,
+                                        trace=trace)
         return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
                                     seed=seed, max_candidates=cap, time_limit=time_limit)
 
@@ -93,19 +106,37 @@ def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
 
 def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
            **options: Any) -> SearchResult:
-    """The `xrl.api` search runner: options `policy` (a checkpoint path), `mode` (guided | argmax), `width`,
-    `expand` and `budget` (guided), `samples` (argmax: extra sampled rollouts), `max_candidates`."""
-    known = ("policy", "mode", "width", "expand", "budget", "samples", "max_candidates")
+    """The `xrl.api` search runner: options `policy` (a checkpoint path), `mode` (guided | argmax), `prior`,
+    `width`, `expand`, `budget` and `stop` (guided), `samples` (argmax: extra sampled rollouts),
+    `max_candidates`."""
+    known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "samples", "max_candidates")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
     mode = str(options.get("mode") or ("argmax" if options.get("samples") else "guided"))
     if options.get("samples") and mode != "argmax":
         raise ConfigError("samples (extra sampled rollouts) apply to the argmax mode of --search rl")
+    trace: list[tuple[float, float]] = []
     run = rl_search(graph, cost, policy=options.get("policy"), steps=steps, samples=int(options.get("samples") or 0),
                     seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"), mode=mode,
-                    width=options.get("width"), expand=options.get("expand"), budget=options.get("budget"))
+                    width=options.get("width"), expand=options.get("expand"), budget=options.get("budget"),
+                    prior=str(options.get("prior") or "trained"), stop=as_flag(options.get("stop", True), "stop"),
+                    trace=trace)
     return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
                         explored=run.env_steps, time_s=run.time_s, method="rl", details={
-                            "policy": str(options.get("policy") or "default"), "mode": mode, "rollouts": run.rollouts,
-                            "env_steps": run.env_steps, "uphill_paid_off": run.uphill_paid_off})
+                            "policy": str(options.get("policy") or "default"), "mode": mode,
+                            "prior": str(options.get("prior") or "trained"), "rollouts": run.rollouts,
+                            "env_steps": run.env_steps, "uphill_paid_off": run.uphill_paid_off,
+                            "trace": trace})  # guided: (seconds, best cost) at every new best
+
+
+def as_flag(value: Any, name: str) -> bool:
+    """A boolean search option, given as a bool or as text (a CLI's or a config's)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"option {name} must be true or false, not {value!r}")
