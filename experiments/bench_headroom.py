@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from xrl.api import get_cost
+from xrl.cost import get_cost_model
 from xrl.cost.speedup import ratio_interval
 from xrl.frontends.onnx_io import from_onnx, to_onnx
 from xrl.frontends.verify import compare_models
@@ -51,12 +51,13 @@ MODELS = ("original", "a/a", "greedy", "best")
 
 def searches(graph, cost, time_limit: float) -> dict[str, SearchResult]:  # noqa: ANN001 - Graph, CostModel
     """Every method's result on `graph` (exhaustive only where the graph is small)."""
-    out = {"greedy": greedy_search(graph, cost, RewriteEngine(), time_limit=time_limit),
-           "beam": beam_search(graph, cost, RewriteEngine(), time_limit=time_limit),
-           "taso": taso_search(graph, cost, RewriteEngine(), time_limit=time_limit),
+    out = {"greedy": greedy_search(graph, cost, RewriteEngine.default(), time_limit=time_limit),
+           "beam": beam_search(graph, cost, RewriteEngine.default(), time_limit=time_limit),
+           "taso": taso_search(graph, cost, RewriteEngine.default(), time_limit=time_limit),
            "tensat": tensat_search(graph, cost, time_limit=time_limit / 2, ilp_time_limit=time_limit / 2)}
     if len(graph) <= EXHAUSTIVE_MAX_OPS:
-        out["exhaustive"] = exhaustive_search(graph, cost, RewriteEngine(), time_limit=time_limit, max_states=2000)
+        out["exhaustive"] = exhaustive_search(graph, cost, RewriteEngine.default(), time_limit=time_limit,
+                                              max_states=2000)
     return out
 
 
@@ -114,7 +115,7 @@ def bench(name: str, rounds: int, runs: int, time_limit: float) -> dict[str, obj
 
     model = graphs.build(name)
     graph = from_onnx(model, name=name)
-    cost = get_cost("target", None, target="ort-cpu")
+    cost = get_cost_model("target", device="auto", target="ort-cpu")
     results = searches(graph, cost, time_limit)
     # the written file is what is costed and timed (as xrl optimize and compare report it)
     files = {m: to_onnx(r.graph.validate()) for m, r in results.items()}

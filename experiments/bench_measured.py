@@ -126,7 +126,7 @@ def correlation_rows(names: list[str], args: argparse.Namespace, cache_dir: Path
     except ImportError as e:
         print(f"  rank correlation skipped: the rewrite engine is not available ({e})")
         return [], []
-    rewriter = RewriteEngine()
+    rewriter = RewriteEngine.default()
     analytic = AnalyticCostModel(device=args.profile)
     common = measured_options(args)
     op = OpMeasuredCostModel(cache_path=cache_dir / "candidates.sqlite", **common)

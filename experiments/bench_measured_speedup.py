@@ -97,7 +97,7 @@ def main() -> None:
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
     print(header)
     engines = timers(args)
-    rewriter = RewriteEngine()
+    rewriter = RewriteEngine.default()
     rows, t_all = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xrl-speedup-") as tmp:
         for name in names:

@@ -23,7 +23,7 @@ from xrl import graphs
 from xrl.cost import get_cost_model
 from xrl.frontends.onnx_io import from_onnx
 from xrl.rewrite import Candidate, RewriteEngine, load_rules
-from xrl.rewrite.engine import WEIGHT_CACHE
+from xrl.rewrite.candidate import WEIGHT_CACHE
 from xrl.rewrite.rules import parse_rule_files
 from xrl.search.greedy import greedy_search
 

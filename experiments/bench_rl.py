@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         from xrl.nn import GraphPolicy, PolicyConfig
 
         policy, which = GraphPolicy(PolicyConfig(NODE_DIM, EDGE_DIM, GLOBAL_DIM)).eval(), "fresh default network"
-    engine = RewriteEngine()
+    engine = RewriteEngine.default()
     rows = []
     for name in names:
         rows.append(bench_graph(name, engine, policy, args.steps, args.horizon, cap, args.seed))

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = load_model(name).graph
         pairs = {"target": [], "strawman": []}
         noise = []
-        engine = RewriteEngine()
+        engine = RewriteEngine.default()
         for _ in range(args.states):
             cands = list(engine.candidates(graph))
             if not cands:

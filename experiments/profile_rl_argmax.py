@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile one more argmax rollout")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    graph, cost, engine = search_graph(args.graph), get_cost_model("analytic", device="h100"), RewriteEngine()
+    graph, cost, engine = search_graph(args.graph), get_cost_model("analytic", device="h100"), RewriteEngine.default()
 
     def argmax() -> tuple[float, float, int, int]:  # what `--search rl --rl-mode argmax` runs; time_s: the rollout's
         run = rl_search(graph, cost, mode="argmax", engine=engine)

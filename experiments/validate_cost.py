@@ -47,7 +47,7 @@ def states(graph, roofline, steps=(0, 1, 3)):  # noqa: ANN001, ANN201 - Graph, C
     """The graph after k greedy steps under the roofline, for each k that reaches a new graph."""
     out, seen = [], set()
     for k in steps:
-        g = graph if k == 0 else greedy_search(graph, roofline, RewriteEngine(), max_steps=k).graph
+        g = graph if k == 0 else greedy_search(graph, roofline, RewriteEngine.default(), max_steps=k).graph
         if g.canonical_hash not in seen:
             seen.add(g.canonical_hash)
             out.append((k, g))
@@ -57,7 +57,7 @@ def states(graph, roofline, steps=(0, 1, 3)):  # noqa: ANN001, ANN201 - Graph, C
 def pick_candidates(state, costs, limit: int, rng) -> list:  # noqa: ANN001
     """Distinct candidates of `state`: each cost's best three, then a seeded sample, at most `limit`."""
     cands, seen = [], {state.canonical_hash}
-    for c in RewriteEngine().candidates(state):
+    for c in RewriteEngine.default().candidates(state):
         h = c.graph.canonical_hash
         if h not in seen:
             seen.add(h)
@@ -116,7 +116,7 @@ def written_gap(name: str, graph, costs, timer, args) -> dict:  # noqa: ANN001
     """Greedy under each cost, its written model measured against the original: estimate vs measured."""
     row = {"graph": name}
     for key, cost in costs.items():
-        res = greedy_search(graph, cost, RewriteEngine(), time_limit=args.time_limit)
+        res = greedy_search(graph, cost, RewriteEngine.default(), time_limit=args.time_limit)
         est = cost.cost(graph) / cost.cost(res.graph)
         if res.graph.canonical_hash == graph.canonical_hash:
             row[f"est_{key}"], row[f"meas_{key}"], row[f"gap_{key}"] = est, 1.0, abs(est - 1)

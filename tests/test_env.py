@@ -19,7 +19,7 @@ from xrl.rewrite import RewriteEngine
 
 @pytest.fixture(scope="module")
 def engine():
-    return RewriteEngine()
+    return RewriteEngine.default()
 
 
 @pytest.fixture(scope="module")

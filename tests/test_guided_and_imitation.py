@@ -44,7 +44,7 @@ def wide(paper, shipped, mlp):
 def test_guided_search_finds_what_greedy_and_argmax_miss(paper, shipped, mlp, wide):
     """On mlp greedy merges two GEMMs first and is stuck at 1.857x; the best known result (2.442x, Tensat and
     exhaustive search) fuses instead. A wide enough beam over the shipped policy's prior finds it."""
-    greedy = greedy_search(mlp, paper, RewriteEngine())
+    greedy = greedy_search(mlp, paper, RewriteEngine.default())
     argmax = optimize_with_policy(shipped, mlp, paper, horizon=50)
     assert greedy.speedup == pytest.approx(1.857, abs=1e-3)
     assert argmax.speedup == pytest.approx(greedy.speedup, rel=1e-9)

@@ -18,7 +18,7 @@ from xrl.rewrite import RewriteEngine
 
 @pytest.fixture(scope="module")
 def engine():
-    return RewriteEngine()
+    return RewriteEngine.default()
 
 
 @pytest.fixture()

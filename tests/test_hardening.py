@@ -336,7 +336,7 @@ def test_match_cap_per_rule_is_logged(caplog):
 
     from xrl.rewrite import RewriteEngine
 
-    engine = RewriteEngine(max_matches=40)
+    engine = RewriteEngine.default(max_matches=40)
     with caplog.at_level(logging.INFO, logger="xrl.rewrite.engine"):
         cands = engine.candidates(fan_graph(30))  # C(30,2) + C(30,3) = 4,495 merges uncapped
     per_rule: dict[str, int] = {}
@@ -370,13 +370,13 @@ def test_progress_line_shows_step_speedup_and_elapsed():
 
     graph, cost, out = fan_graph(4), get_cost("analytic", "cpu"), io.StringIO()
     with search_progress("greedy", cost, graph, 300.0, stream=out, force=True):
-        greedy_search(graph, cost, RewriteEngine())
+        greedy_search(graph, cost, RewriteEngine.default())
     text = out.getvalue()
     assert "[greedy] step 1" in text and "speed-up 1.000x" in text and " s / 300 s" in text  # elapsed: load-dependent
     assert text.endswith("\r\033[K")  # erased at the end
     quiet = io.StringIO()  # not a terminal: nothing drawn
     with search_progress("greedy", cost, graph, 300.0, stream=quiet):
-        greedy_search(graph, cost, RewriteEngine())
+        greedy_search(graph, cost, RewriteEngine.default())
     assert quiet.getvalue() == ""
 
 

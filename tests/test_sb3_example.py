@@ -61,7 +61,7 @@ def test_a_saved_maskable_ppo_served_over_pipes_decides_as_in_process(tmp_path):
     from xrl.rewrite import RewriteEngine
     from xrl.serve.host import drive
 
-    engine = RewriteEngine()
+    engine = RewriteEngine.default()
 
     def make():
         return gym.make("xrl/GraphRewrite-v0", graph="mlp", max_candidates=16, horizon=6, engine=engine)

@@ -20,7 +20,7 @@ from xrl.search.greedy import greedy_search
 
 @pytest.fixture(scope="module")
 def engine() -> RewriteEngine:
-    return RewriteEngine()
+    return RewriteEngine.default()
 
 
 def _graph(name: str):

@@ -30,7 +30,7 @@ def pipes(tmp_path):
 def engine():
     from xrl.rewrite import RewriteEngine
 
-    return RewriteEngine()
+    return RewriteEngine.default()
 
 
 def _env(engine):

@@ -100,7 +100,7 @@ def test_a_fusion_the_runtime_does_gains_nothing():
 
     graph = load_model("tiny_cnn").graph
     target, strawman = TargetCostModel(target="ort-cpu"), AnalyticCostModel(device="cpu")
-    fusions = [c for c in RewriteEngine().candidates(graph) if c.rule.startswith("fuse_conv_bn")]
+    fusions = [c for c in RewriteEngine.default().candidates(graph) if c.rule.startswith("fuse_conv_bn")]
     assert fusions
     for cand in fusions:  # the strawman credits the fusion; the target sees weight bytes change at most
         assert cand.delta_cost(strawman, strawman.cost(graph)) < strawman.cost(graph) * 0.99

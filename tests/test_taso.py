@@ -83,7 +83,7 @@ def test_finds_what_greedy_finds_on_a_small_model(cost):
     from xrl.frontends.loader import load_model
 
     g = load_model("tiny_cnn").graph
-    full = RewriteEngine()
+    full = RewriteEngine.default()
     taso = taso_search(g, cost, full, budget=30, time_limit=60)
     assert taso.cost <= greedy_search(g, cost, full).cost * (1 + 1e-9)
     assert taso.cost == pytest.approx(cost.cost(taso.graph))

@@ -193,7 +193,7 @@ def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
 
     screen_top = int(options.get("screen_top", 8))
     screen = measured_screen(cost) if cost.measured and screen_top > 0 else None
-    res = greedy_search(graph, cost, RewriteEngine(), max_steps=steps, time_limit=time_limit, screen=screen,
+    res = greedy_search(graph, cost, RewriteEngine.default(), max_steps=steps, time_limit=time_limit, screen=screen,
                         screen_top=max(screen_top, 1))
     return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored, **res.details})
 
@@ -214,7 +214,7 @@ def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
     from xrl.rewrite import RewriteEngine
     from xrl.search.random_search import random_search
 
-    res = random_search(graph, cost, RewriteEngine(), steps=steps if steps is not None else 30, seed=seed)
+    res = random_search(graph, cost, RewriteEngine.default(), steps=steps if steps is not None else 30, seed=seed)
     return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
 
 

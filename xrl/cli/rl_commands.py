@@ -218,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     trained_on = set(ckpt.get("metadata", {}).get("train_graphs") or ckpt.get("config", {}).get("graphs", {})
                      .get("train", []))
     cost = get_cost(args.cost, args.device)
-    engine = RewriteEngine()
+    engine = RewriteEngine.default()
     rows: list[dict[str, Any]] = []
     for name in _graph_names(args):
         graph = resolve_graph(name)

@@ -24,7 +24,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,19 +155,11 @@ def _fit_saturation(efficiency: dict[int, float]) -> float:
 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
-    path = path or calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from xrl.atomic import write_atomic
+
     # a temporary of this writer's own (two `xrl calibrate` at once must not share one), then an atomic
     # rename: a reader sees the old calibration or the new one
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(cal), indent=2))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path or calibration_path(), json.dumps(asdict(cal), indent=2), mkdir=True)
 
 
 def load(path: Path | None = None) -> Calibration | None:

@@ -126,7 +126,7 @@ class GraphRewriteEnv(gym.Env):
         if engine is None:
             from xrl.rewrite import RewriteEngine
 
-            engine = RewriteEngine()
+            engine = RewriteEngine.default()
         self.engine = engine
         self.cost_model = resolve_cost(cost)
         # Hints and candidate caps need a cheap per-candidate estimate: the backend itself when it is

@@ -198,24 +198,11 @@ def format_of(path: str | Path) -> str:
 
 
 def write_states(states: Iterable[EnvState], path: str | Path) -> Path:
-    import os
-    import tempfile
+    from xrl.atomic import write_atomic
 
     path = Path(path)
-    text = dumps(list(states), format_of(path))
     # atomic (a reader never sees half a file), under a name of this writer's own (two writers never collide)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, dumps(list(states), format_of(path)))
 
 
 def read_states(path: str | Path, *, limit: int | None = MAX_STATES) -> list[EnvState]:

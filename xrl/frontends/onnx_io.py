@@ -12,10 +12,10 @@ imported (`Graph.domain_opsets`).
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
+from xrl.atomic import atomic_write, remove_stale_temporaries, write_atomic
 from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, OutputPathError
 from xrl.frontends.onnx_fold import (
     DEFAULT_DOMAINS,
@@ -559,7 +560,7 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
         if weight_bytes > EXTERNAL_DATA_THRESHOLD:
             data_name = _save_external(model, path)
         else:
-            _atomic_write(path, [model.SerializeToString()])
+            write_atomic(path, model.SerializeToString())
             data_name = None
     except OSError as e:
         raise OutputPathError(f"cannot write {path} ({e.strerror or brief_error(e)}); check the folder is writable "
@@ -568,80 +569,16 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     return path
 
 
-def _tmp_prefix(path: Path) -> str:
-    # The writer's pid is in the name, so a later run can tell a dead writer's leftovers from a live one's.
-    return f".{path.name}.{os.getpid()}."
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, under another user
-        return True
-    return True
-
-
-_LEGACY_TMP_AGE_S = 3600  # temporaries without a pid (older xrl): removed once this old
-
-
-def remove_stale_temporaries(path: Path) -> list[Path]:
-    """Remove the hidden `.{name}.*.tmp` files of writes to `path` whose writer is gone (killed
-    mid-write); returns what was removed."""
-    import time
-
-    removed = []
-    prefix = f".{path.name}."
-    for p in path.parent.glob(f"{_glob_escape(prefix)}*.tmp"):
-        pid = p.name[len(prefix):].split(".", 1)[0]
-        stale = False
-        if pid.isdigit():
-            stale = not _pid_alive(int(pid))
-        else:
-            with contextlib.suppress(OSError):
-                stale = time.time() - p.stat().st_mtime > _LEGACY_TMP_AGE_S
-        if stale:
-            with contextlib.suppress(OSError):
-                p.unlink()
-                removed.append(p)
-    return removed
-
-
-def _glob_escape(s: str) -> str:
-    import glob
-
-    return glob.escape(s)
-
-
 def _remove_old_data(path: Path, keep: str | None) -> None:
     """Weight files of earlier writes to `path` (`<name>.data`, `<name>.<hash>.data`) that the model
     just written does not use: the model that used them has been replaced."""
     import re
 
     pattern = re.compile(re.escape(path.name) + r"(\.[0-9a-f]{12})?\.data")
-    for p in path.parent.glob(f"{_glob_escape(path.name)}*.data"):
+    for p in path.parent.glob(f"{glob.escape(path.name)}*.data"):
         if p.name != keep and pattern.fullmatch(p.name):
             with contextlib.suppress(OSError):
                 p.unlink()
-
-
-def _atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a saved model is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _save_external(model: onnx.ModelProto, path: Path) -> str:
@@ -653,10 +590,10 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
     import hashlib
 
     moved: list[tuple[TensorProto, bytes]] = []
-    fd, data_tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".data.tmp", dir=path.parent)
     digest = hashlib.blake2b(digest_size=6)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    # the weights' temporary gets its final name (from their digest) when the block ends
+    with atomic_write(path, suffix=".data.tmp") as pending:
+        with pending.open("wb") as f:
             offset = 0
             for t in model.graph.initializer:
                 if not t.HasField("raw_data") or t.HasField("data_location") or t.ByteSize() < _EXTERNAL_MIN_TENSOR:
@@ -671,8 +608,6 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
                     entry = t.external_data.add()
                     entry.key, entry.value = k, v
                 offset += len(raw)
-            f.flush()
-            os.fsync(f.fileno())
         data_name = f"{path.name}.{digest.hexdigest()}.data"
         for t, _ in moved:
             t.external_data[0].value = data_name
@@ -686,15 +621,10 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
                 del t.external_data[:]
                 t.ClearField("data_location")  # proto2: an explicit DEFAULT would serialise differently
                 t.raw_data = raw
-        os.chmod(data_tmp, 0o644)
         existed = (path.parent / data_name).exists()  # the same weights written before: the old model uses it
-        os.replace(data_tmp, path.parent / data_name)  # data first: the model never points at missing bytes
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(data_tmp)
-        raise
+        pending.destination = path.parent / data_name  # data first: the model never points at missing bytes
     try:
-        _atomic_write(path, [head])
+        write_atomic(path, head)
     except BaseException:
         if not existed:  # no model refers to it
             with contextlib.suppress(FileNotFoundError):

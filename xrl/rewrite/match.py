@@ -119,7 +119,7 @@ class GraphValues:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.local_types: dict[str, TensorType] = {}
-        self.local_weights: Any = None  # set by the engine: name -> ndarray on demand
+        self.local_weights: Any = None  # set by the Applier while it builds a rewrite: name -> ndarray on demand
 
     def type_of(self, value: str) -> TensorType:
         t = self.local_types.get(value)

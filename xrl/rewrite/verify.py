@@ -1,7 +1,7 @@
 """Numerical verification of rules: a rule that changes what a graph computes is never loaded.
 
-For each rule and trial: draw a random instance of its source pattern (`instantiate`), let the
-engine find the rule's matches in it, build every candidate, and run the source graph and each
+For each rule and trial: draw a random instance of its source pattern (`instantiate`), find the
+rule's matches in it (Searcher) and build every rewrite (Applier), and run the source graph and each
 rewritten graph in float64 with the reference executor on the same random inputs. The outputs
 must agree to 1e-9 (relative to the output's magnitude). New weights are computed in float64 too,
 so a correct rule is exact up to summation order.
@@ -20,10 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from xrl.errors import XrlError
+from xrl.ir import Graph
 from xrl.ir.execute import execute
-from xrl.rewrite.engine import RewriteEngine
+from xrl.rewrite.apply import Applier, creates_cycle
+from xrl.rewrite.candidate import Candidate
 from xrl.rewrite.instantiate import InstanceError, instantiate
 from xrl.rewrite.lang import Rule
+from xrl.rewrite.match import GraphIndex
+from xrl.rewrite.search import Searcher
 
 TOLERANCE = 1e-9
 
@@ -50,7 +54,7 @@ def verify_rule(rule: Rule, *, seed: int = 0, trials: int = 3, attempts: int = 3
     t0 = time.perf_counter()
     # The rule's name seeds its stream: adding a rule does not change how the others are drawn.
     rng = np.random.default_rng([seed, *rule.name.encode()])
-    engine = RewriteEngine([rule], max_growth=float("inf"))
+    searcher, applier = Searcher([rule]), Applier()
     done, max_err, last = 0, 0.0, "no instance drawn"
     for _ in range(attempts):
         if done >= trials:
@@ -68,9 +72,9 @@ def verify_rule(rule: Rule, *, seed: int = 0, trials: int = 3, attempts: int = 3
         if not all(np.all(np.isfinite(a)) for a in ref):
             last = "source instance produced non-finite values"
             continue
-        cands = engine.candidates(inst.graph)
+        cands, rejected = _rewrites(searcher, applier, inst.graph)
         if not any(set(c.location) == inst.pattern for c in cands):
-            if any(set(k) == set(inst.pattern) for k in engine.rejected):
+            if any(set(k) == set(inst.pattern) for k in rejected):
                 # it matched, but its result does not type-check: a wrong rule (its shapes are off), not a
                 # draw to retry, or a rule would pass on the draws where its mistake happens to cancel
                 return _fail(rule, done, max_err, f"it matched its own instance but the rewrite does not type-check "
@@ -95,6 +99,34 @@ def verify_rule(rule: Rule, *, seed: int = 0, trials: int = 3, attempts: int = 3
     if done < trials:
         return _fail(rule, done, max_err, f"only {done} of {trials} trials instantiated; last: {last}", t0)
     return RuleCheck(rule.name, rule.family, True, max_err, done, "", time.perf_counter() - t0)
+
+
+def _rewrites(searcher: Searcher, applier: Applier,
+              graph: Graph) -> tuple[list[Candidate], list[frozenset[str]]]:
+    """(the distinct rewrites of `graph`, the node sets of matches whose rewrite does not type-check).
+
+    What `RewriteEngine.candidates` keeps with no growth limit, match cap or deadline: the first binding
+    of each node set that builds, less no-ops, duplicates and rewrites that would close a cycle.
+    """
+    index = GraphIndex(graph)
+    cands: list[Candidate] = []
+    rejected: list[frozenset[str]] = []
+    node_sets: set[frozenset[str]] = set()
+    seen: set[tuple] = set()
+    for rule, match in searcher.matches(index):
+        key = frozenset(n.name for n in match.nodes)
+        if key in node_sets:
+            continue
+        built = applier.apply(index, rule, match)
+        if built is None:
+            rejected.append(key)
+            continue
+        node_sets.add(key)
+        if built.noop or built.delta_key in seen or creates_cycle(index, built.candidate):
+            continue
+        seen.add(built.delta_key)
+        cands.append(built.candidate)
+    return cands, rejected
 
 
 def _fail(rule: Rule, done: int, max_err: float, detail: str, t0: float) -> RuleCheck:

@@ -12,10 +12,8 @@ with a warning.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import struct
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xrl.atomic import atomic_write
 from xrl.errors import XrlError, XrlWarning
 from xrl.nn.policy import GraphPolicy, PolicyConfig
 
@@ -88,20 +87,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     if isinstance(obj, dict):
         obj = with_checksum(obj)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a checkpoint is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, mkdir=True) as pending, pending.open("wb") as f:
+        torch.save(obj, f)
     return path
 
 

@@ -57,7 +57,7 @@ def beam_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | Non
         raise ConfigError(f"beam alpha must be at least 1 (1 = never accept a graph worse than the best), not {alpha}")
     if max_states is not None and max_states < 1:
         raise ConfigError(f"max_states must be at least 1, not {max_states}")
-    engine = engine if engine is not None else RewriteEngine()
+    engine = engine if engine is not None else RewriteEngine.default()
     t0 = time.perf_counter()
     deadline = t0 + time_limit if time_limit is not None else math.inf
     original_nodes = len(graph)
@@ -142,8 +142,8 @@ def beam_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: in
     the depth; the search is deterministic, so `seed` is unused."""
     if options:
         raise ConfigError(f"beam has no option {', '.join(map(repr, sorted(options)))}; its options: width, alpha")
-    return beam_search(graph, cost_model, RewriteEngine(), width=_positive_int("width", width), alpha=float(alpha),
-                       max_steps=steps, time_limit=time_limit)
+    return beam_search(graph, cost_model, RewriteEngine.default(), width=_positive_int("width", width),
+                       alpha=float(alpha), max_steps=steps, time_limit=time_limit)
 
 
 def exhaustive_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: int | None = None,
@@ -152,5 +152,5 @@ def exhaustive_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, ste
     """`xrl optimize --search exhaustive`: every reachable graph up to `max_states`; `steps` caps the depth."""
     if options:
         raise ConfigError(f"exhaustive has no option {', '.join(map(repr, sorted(options)))}; its options: max_states")
-    return exhaustive_search(graph, cost_model, RewriteEngine(), max_states=_positive_int("max_states", max_states),
-                             max_steps=steps, time_limit=time_limit)
+    return exhaustive_search(graph, cost_model, RewriteEngine.default(),
+                             max_states=_positive_int("max_states", max_states), max_steps=steps, time_limit=time_limit)

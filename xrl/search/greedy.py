@@ -46,7 +46,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     if screen is not None and (not screen.per_op or screen_top < 1):
         raise ValueError("a screen must be a per-op cost model, with screen_top >= 1")
     screening = screen is not None and cost_model.measured
-    engine = engine if engine is not None else RewriteEngine()
+    engine = engine if engine is not None else RewriteEngine.default()
     t0 = time.perf_counter()
     original_cost = cost = cost_model.cost(graph)
     nodes0 = len(graph)

@@ -20,7 +20,7 @@ from xrl.search.result import SearchResult
 def random_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | None = None, *, steps: int,
                   seed: int) -> SearchResult:
     """Apply up to `steps` uniformly random rewrites (fewer if a graph has no candidate)."""
-    engine = engine if engine is not None else RewriteEngine()
+    engine = engine if engine is not None else RewriteEngine.default()
     rng = random.Random(seed)
     t0 = time.perf_counter()
     original_cost = cost = best_cost = cost_model.cost(graph)

@@ -41,7 +41,7 @@ def taso_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | Non
         raise ConfigError(f"TASO's alpha must be at least 1 (1 = never accept a worse graph), not {alpha}")
     if budget < 1:
         raise ConfigError(f"TASO's budget must be at least one expansion, not {budget}")
-    engine = engine if engine is not None else RewriteEngine()
+    engine = engine if engine is not None else RewriteEngine.default()
     t0 = time.perf_counter()
     deadline = t0 + time_limit if time_limit is not None else float("inf")
     original_nodes = len(graph)
@@ -95,5 +95,5 @@ def taso_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: in
     """
     if options:
         raise ConfigError(f"taso has no option {', '.join(map(repr, sorted(options)))}; its options: alpha, budget")
-    return taso_search(graph, cost_model, RewriteEngine(), alpha=alpha, budget=budget or steps or 1000,
+    return taso_search(graph, cost_model, RewriteEngine.default(), alpha=alpha, budget=budget or steps or 1000,
                        time_limit=time_limit)
