@@ -278,7 +278,7 @@ def test_crash_between_weights_and_model_keeps_the_old_pair(tmp_path, monkeypatc
     def killed(*a, **k):  # the process dies after the weights are in place, before the model is
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onnx_io, "_atomic_write", killed)
+    monkeypatch.setattr(onnx_io, "write_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
         onnx_io.save_onnx(_weights_model(2.0), path)
     loaded = onnx.load(str(path))

@@ -21,8 +21,6 @@ file is run under onnxruntime on a sample state and must give the checkpoint's l
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from xrl.atomic import atomic_write
 from xrl.errors import ConfigError, XrlError
 
 FORMAT = "xrl-release-policy/1"
@@ -106,14 +105,12 @@ def export_onnx(checkpoint: str | Path, out: str | Path, *, sample_graph: str = 
     scorer = _Scorer(policy).eval()
     feed = sample_inputs(sample_graph, cap)
     args = tuple(torch.from_numpy(feed[k]) for k in INPUTS)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a name of this writer's own: two exports to one file at once must not share a temporary
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
     dynamic = {"x": {0: "nodes"}, "edge_index": {1: "edges"}, "edge_attr": {0: "edges"}, "u": {0: "graphs"},
                "batch": {0: "nodes"}, "cand_attr": {0: "graphs"}, "logits": {0: "graphs"}}
-    try:
+    # a temporary of this writer's own (two exports to one file at once must not share one), checked before
+    # it replaces `out`
+    with atomic_write(out, mkdir=True) as pending:
+        tmp = pending.temp
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the tracer's and the legacy exporter's notices, not errors
             torch.onnx.export(scorer, args, str(tmp), input_names=list(INPUTS), output_names=["logits"],
@@ -122,17 +119,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, *, sample_graph: str = 
         with torch.no_grad():
             expected = scorer(*args).numpy()
         err = _check(tmp, feed, expected)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a policy file is an ordinary file
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return {**meta, "check_graph": sample_graph, "check_candidates": len(expected), "max_logit_error": err}
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _add_metadata(path: Path, meta: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xrl.atomic import atomic_write, write_atomic
 from xrl.errors import ConfigError, XrlWarning
 
 MAX_RUN_BYTES = 64 << 20
@@ -152,8 +153,8 @@ def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dic
     runs = runs if runs is not None else load_runs(root)
     headers, rows = summarize(runs)
     md = root / "summary.md"
-    md.write_text(f"{len(runs)} runs under {root}\n\n" + _markdown(headers, rows))
-    with (root / "summary.csv").open("w", newline="") as f:
+    write_atomic(md, f"{len(runs)} runs under {root}\n\n" + _markdown(headers, rows))
+    with atomic_write(root / "summary.csv") as pending, pending.open("w", newline="") as f:
         csv.writer(f).writerows([headers, *rows])
     out = {"markdown": md, "csv": root / "summary.csv"}
     try:
