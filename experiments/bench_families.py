@@ -27,7 +27,6 @@ import contextlib
 import csv
 import io
 import logging
-import math
 import os
 import platform
 import random
@@ -40,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from xrl.stats import geomean, geomean_values
 
 VARIANTS = ("original", "A/A", "onnxslim", "onnx-simplifier", "ort-transformers", "onnxscript-ort", "xrl", "limit")
 PEERS = VARIANTS[1:]
@@ -332,10 +333,10 @@ def cell(result: Result, threads: str, name: str) -> str:
     return f"{t.speedup:.3f} [{t.lo:.3f}, {t.hi:.3f}]"
 
 
-def geomean(values: list[float]) -> str:
-    if not values:
-        return "—"
-    return f"{math.exp(sum(math.log(v) for v in values) / len(values)):.3f} (n={len(values)})"
+def geomean_cell(values: list[float]) -> str:
+    """The geomean (xrl.stats's policy) and how many values it is over."""
+    kept = geomean_values(values)
+    return f"{geomean(kept):.3f} (n={len(kept)})" if kept else "—"
 
 
 def markdown(results: list[Result], args, elapsed_s: float) -> str:
@@ -382,7 +383,7 @@ def markdown(results: list[Result], args, elapsed_s: float) -> str:
             vals = [r.timings[threads][p].speedup for r in results
                     if r.error is None and threads in r.timings and p in r.timings[threads]
                     and r.timings[threads][p].speedup is not None]
-            gm.append(geomean(vals))
+            gm.append(geomean_cell(vals))
         lines.append(f"| **geomean** | | {threads} | | " + " | ".join(gm) + " | | | | |")
     lines += ["", "Node counts of the files and what xrl did:", "",
               "| member | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A")

@@ -16,7 +16,6 @@ the search believed, the measured speed-up with its 95% interval over the rounds
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from bench_measured import markdown
 
 from xrl import graphs
-from xrl.api import measure_model, measured_screen
+from xrl.api import measure_model
 from xrl.cli.output import format_table
 from xrl.cost import get_cost_model
 from xrl.cost.speedup import measure_speedup
@@ -35,6 +34,8 @@ from xrl.frontends.onnx_io import from_onnx, to_onnx
 from xrl.frontends.verify import compare_models
 from xrl.rewrite import RewriteEngine
 from xrl.search.greedy import greedy_search
+from xrl.search.registry import measured_screen
+from xrl.stats import geomean
 
 DEFAULT_GRAPHS = "mlp,tiny_cnn,squeezenet,resnet50,bert,inception_v3"
 SEARCH_COSTS = ("analytic", "op", "e2e")
@@ -144,10 +145,10 @@ def summarize(rows: list[list], engines: dict) -> str:
                 continue
             vals = [float(r[col].split()[0]) for r in sel]
             verdicts = [r[col].split("] ")[1] for r in sel]
-            geo = math.exp(sum(math.log(v) for v in vals) / len(vals))
+            geo = geomean(vals)
             parts.append(f"{engine} geomean {geo:.3f} ({verdicts.count('faster')} faster, "
                          f"{verdicts.count('slower')} slower, {verdicts.count('within noise')} within noise)")
-        est = math.exp(sum(math.log(r[3]) for r in sel) / len(sel))
+        est = geomean(r[3] for r in sel)
         lines.append(f"- greedy under {cost_name} ({len(sel)} graphs): estimated geomean {est:.3f}; "
                      + "; ".join(parts))
     return "\n".join(lines)

@@ -28,7 +28,6 @@ import argparse
 import sys
 import time
 
-import xrl.api as api
 from xrl.search.compare import (
     CompareConfig,
     markdown_table,
@@ -37,8 +36,6 @@ from xrl.search.compare import (
     run_compare,
     write_results,
 )
-from xrl.search.taso import taso_runner
-from xrl.search.tensat import tensat_runner
 
 TIME_LIMITS = {"taso": 60.0, "tensat": 40.0, "greedy": 60.0, "rl": 60.0}
 STEPS = {"random": 30}
@@ -54,9 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    # Registering is idempotent: the API's own table names the same runners once it has them.
-    api.register_search("taso", taso_runner)
-    api.register_search("tensat", tensat_runner)
     config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=resolve_methods(args.methods),
                            device=args.device, target=args.target, seed=args.seed, method_time_limits=TIME_LIMITS,
                            steps=STEPS)

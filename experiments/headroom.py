@@ -40,11 +40,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import xrl.api as api
 from xrl.search.beam import exhaustive_runner
 from xrl.search.compare import CompareConfig, RunRecord, resolve_graphs, run_compare, write_results
-from xrl.search.taso import taso_runner
-from xrl.search.tensat import tensat_runner
+from xrl.search.registry import register_search
 
 METHODS = ("greedy", "beam", "taso", "tensat", "exhaustive")  # tie order: the first listed is credited
 TIME_LIMITS = {
@@ -108,11 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     def exhaustive(graph, cost_model, **kw):  # noqa: ANN001, ANN003, ANN202 - the API's runner signature
         res = exhaustive_runner(graph, cost_model, max_states=args.max_states, **kw)
         exhausted[graph.name] = bool(res.details["exhausted"])
-        return api.SearchOutcome(res.graph, list(res.steps), dict(res.details))
+        return res
 
-    api.register_search("taso", taso_runner)
-    api.register_search("tensat", tensat_runner)
-    api.register_search("exhaustive", exhaustive)
+    # the same search, with this run's cap, recording whether each graph's space was exhausted
+    register_search("exhaustive", exhaustive, description="exhaustive search, recording exhaustion")
     names = resolve_graphs(args.graphs)
     limits = TIME_LIMITS[args.target]
     t0 = time.perf_counter()

@@ -20,26 +20,23 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from xrl.api import get_cost, measure_model, run_search
+from xrl.api import measure_model
+from xrl.cost import get_cost_model
 from xrl.cost.guard import GuardCandidate, measure_guard
 from xrl.frontends.loader import load_model
 from xrl.frontends.onnx_io import from_onnx, to_onnx
 from xrl.frontends.verify import compare_models
 from xrl.search.compare import resolve_graphs
+from xrl.search.registry import run_search
+from xrl.stats import geomean
 
 METHODS = ("greedy", "beam", "taso", "tensat", "rl")
 LABEL = {"roofline": "roofline", "target": "measured"}
 HEADROOM = 1.10
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
 
 
 def run_graph(name: str, args, timer) -> list[dict]:  # noqa: ANN001
@@ -47,7 +44,7 @@ def run_graph(name: str, args, timer) -> list[dict]:  # noqa: ANN001
     graph = loaded.graph
     rows, cands = [], []
     for cost_name in args.costs:
-        cost = get_cost(cost_name, "cpu", target="ort-cpu")
+        cost = get_cost_model(cost_name, device="cpu", target="ort-cpu")
         for method in args.methods:
             t0 = time.perf_counter()
             options = {"mode": "guided"} if method == "rl" else {}

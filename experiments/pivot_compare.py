@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import csv
-import math
 import sys
 
 from xrl.search.compare import METHODS
+from xrl.stats import geomean
 
 
 def main(path: str) -> None:
@@ -26,8 +26,7 @@ def main(path: str) -> None:
         cells = [(f"**{speedups[m]:.3f}**" if speedups[m] == best else f"{speedups[m]:.3f}") if m in speedups
                  else "failed" for m in methods]
         print(f"| {g} | {orig:.0f} | " + " | ".join(cells) + " |")
-    geo = [math.exp(sum(math.log(float(by[(g, m)]["speedup"])) for g in graphs if (g, m) in by)
-                    / max(1, sum((g, m) in by for g in graphs))) for m in methods]
+    geo = [geomean(float(by[(g, m)]["speedup"]) for g in graphs if (g, m) in by) for m in methods]
     print("| **geomean speedup** | | " + " | ".join(f"**{x:.3f}**" for x in geo) + " |")
     times = [sum(float(by[(g, m)]["time_s"]) for g in graphs if (g, m) in by) / len(graphs) for m in methods]
     print("| mean optimisation time (s) | | " + " | ".join(f"{t:.1f}" for t in times) + " |")

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xrl.cli.rl_commands import CONF_DIR
+from xrl.stats import geomean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headroom import TIME_LIMITS  # noqa: E402 - the searches' limits: RL gets TASO's
@@ -103,11 +104,11 @@ def train_seed(variant: str, seed: int, updates: int | None, out: Path) -> Path:
 
 
 def evaluate(policy: Path, graph: str, mode: str, time_limit: float, target: str):  # noqa: ANN201
-    from xrl.api import get_cost
+    from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
     from xrl.search.compare import CompareConfig, run_one
 
-    cost = get_cost("target", None, target=target)
+    cost = get_cost_model("target", device="auto", target=target)
     loaded = load_model(graph, seed=0)
     config = CompareConfig(graphs=(graph,), methods=("rl",), target=target, method_time_limits={"rl": time_limit},
                            method_options={"rl": {"policy": str(policy), "mode": mode}})
@@ -119,11 +120,6 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return []
     with path.open() as f:
         return list(csv.DictReader(f))
-
-
-def geomean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x > 0 and not math.isnan(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
 
 def mean_sd(xs: Sequence[float]) -> str:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xrl.api import get_cost, measure_model
+from xrl.api import measure_model
+from xrl.cost import get_cost_model
 from xrl.cost.guard import GuardCandidate, measure_guard
 from xrl.cost.speedup import measure_speedup
 from xrl.frontends.loader import load_model
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     provider = "cuda" if args.target == "ort-cuda" else "cpu"
-    costs = {k: get_cost(k, None, target=args.target) for k in COSTS}
+    costs = {k: get_cost_model(k, device="auto", target=args.target) for k in COSTS}
     timer = measure_model("ort", provider, repeats=args.repeats, warmup=2, threads=1)
     names = resolve_graphs(args.graphs)
     graphs = [(n, load_model(n).graph) for n in dict.fromkeys(names)]

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 
 import pytest
 
-import xrl.api as api
 from xrl.cli import main
-from xrl.search import compare
+from xrl.search import compare, registry
 from xrl.search.compare import CSV_COLUMNS, CompareConfig, run_compare, write_results
-from xrl.search.taso import taso_runner
-from xrl.search.tensat import tensat_runner
-
-
-@pytest.fixture(autouse=True)
-def _baselines_registered():
-    # The API's dispatch table gets these runners from its own module; register them here too so the
-    # test does not depend on that wiring.
-    api.register_search("taso", taso_runner)
-    api.register_search("tensat", tensat_runner)
 
 
 def _read_csv(path):
@@ -53,15 +43,16 @@ def test_compare_writes_every_file_with_a_geomean_row(tmp_path):
 
 
 def test_a_failing_method_is_reported_and_the_others_finish(monkeypatch, tmp_path):
-    real = api.run_search
+    real = compare.run_search
 
     def flaky(method, *args, **kwargs):
         if method == "random":
             raise RuntimeError("boom")
         return real(method, *args, **kwargs)
 
-    monkeypatch.setattr(api, "run_search", flaky)
-    monkeypatch.setitem(compare._REQUIRED_MODULES, "rl", "xrl.no_such_module")
+    monkeypatch.setattr(compare, "run_search", flaky)
+    rl = registry.get_search("rl")
+    monkeypatch.setitem(registry.searches(), "rl", replace(rl, requires=("xrl.no_such_module",)))
     config = CompareConfig(graphs=("mlp", "no_such_graph"), methods=("rl", "random", "greedy"))
     records = run_compare(config)
     status = {(r.graph, r.method): r.status for r in records}

@@ -255,10 +255,12 @@ def test_the_default_profile_is_this_machines(tmp_path):
 
 
 def test_optimize_and_cost_estimate_for_this_machine_by_default():
-    from xrl.api import get_cost
+    from xrl.api import optimize
     from xrl.cost.devices import this_machine_profile
 
     here = this_machine_profile()
-    assert get_cost("analytic", None).device.name == here
-    assert get_cost("analytic", "auto").device.name == here
-    assert get_cost("analytic", "a100").device.name == "a100"
+    assert get_cost_model("analytic", device="auto").device.name == here
+    assert get_cost_model("analytic").device.name == "h100"  # the library's default: training and the envs
+    assert get_cost_model("analytic", device="a100").device.name == "a100"
+    # no device named: this machine's profile (`xrl optimize`, `xrl cost`, `xrl compare`)
+    assert optimize("mlp", search="none", cost="analytic", prepass=()).cost_model == f"analytic({here})"

@@ -16,6 +16,8 @@ from xrl.cost.base import CostModel, Measurement
 from xrl.cost.guard import ORIGINAL, GuardCandidate, choose, measure_guard
 from xrl.cost.speedup import MeasuredSpeedup
 from xrl.ir import Graph, Node
+from xrl.search import registry
+from xrl.search.result import SearchResult
 
 
 def speedup(*rounds: float, control: tuple[float, ...] = (1.0, 0.999, 1.001, 1.0, 1.0, 1.0)) -> MeasuredSpeedup:
@@ -116,7 +118,14 @@ def slow_twin(graph: Graph, cost, **_options):  # noqa: ANN001
         prev = f"twin_s{i}"
     slow = Graph(nodes, graph.inputs, (prev, *graph.outputs[1:]), types, weights, name=graph.name,
                  output_names=graph.output_names, domain_opsets=graph.domain_opsets)
-    return api.SearchOutcome(slow, ["slow_twin@all"], {})
+    return SearchResult(graph=slow, steps=["slow_twin@all"])
+
+
+def use_as_greedy(monkeypatch, runner) -> None:  # noqa: ANN001
+    """`runner` in the search registry's "greedy" entry (its flags kept) for one test."""
+    from dataclasses import replace
+
+    monkeypatch.setitem(registry.searches(), "greedy", replace(registry.get_search("greedy"), runner=runner))
 
 
 def square_model(tmp_path: Path) -> Path:
@@ -137,7 +146,7 @@ def square_model(tmp_path: Path) -> Path:
 
 
 def test_a_search_result_measured_slower_is_never_written(monkeypatch, measured_defaults, tmp_path: Path) -> None:
-    monkeypatch.setitem(api._SEARCH_RUNNERS, "greedy", slow_twin)
+    use_as_greedy(monkeypatch, slow_twin)
     src = square_model(tmp_path)
     out = tmp_path / "out.onnx"
     res = api.optimize(str(src), output=out, prepass=())
@@ -168,7 +177,7 @@ def test_json_puts_the_measured_result_at_the_top(monkeypatch, measured_defaults
 
 def test_measure_exits_non_zero_when_the_written_model_is_slower(monkeypatch, measured_defaults, capsys,
                                                                  tmp_path: Path) -> None:
-    monkeypatch.setitem(api._SEARCH_RUNNERS, "greedy", slow_twin)
+    use_as_greedy(monkeypatch, slow_twin)
     src = square_model(tmp_path)
     code, out, err = run(capsys, "optimize", str(src), "-o", str(tmp_path / "slow.onnx"), "--no-guard",
                          "--measure", "--prepass", "none")

@@ -350,12 +350,14 @@ def test_match_cap_per_rule_is_logged(caplog):
 def test_enumeration_stops_at_the_search_time_limit(monkeypatch):
     import time
 
-    from xrl.api import get_cost, run_search
+    from xrl.cost import get_cost_model
+    from xrl.search.registry import run_search
 
     monkeypatch.setenv("XRL_MAX_MATCHES", "0")  # no cap: only the deadline bounds enumeration
     graph = fan_graph(80)  # 85,320 candidates: about 30 s to enumerate
     t0 = time.perf_counter()
-    run_search("greedy", graph, get_cost("analytic", "cpu"), seed=0, steps=None, time_limit=1.0, options={})
+    cost = get_cost_model("analytic", device="cpu")
+    run_search("greedy", graph, cost, seed=0, steps=None, time_limit=1.0, options={})
     assert time.perf_counter() - t0 < 5
 
 
@@ -363,12 +365,12 @@ def test_enumeration_stops_at_the_search_time_limit(monkeypatch):
 def test_progress_line_shows_step_speedup_and_elapsed():
     import io
 
-    from xrl.api import get_cost
+    from xrl.cost import get_cost_model
     from xrl.rewrite import RewriteEngine
     from xrl.search.greedy import greedy_search
     from xrl.search.progress import search_progress
 
-    graph, cost, out = fan_graph(4), get_cost("analytic", "cpu"), io.StringIO()
+    graph, cost, out = fan_graph(4), get_cost_model("analytic", device="cpu"), io.StringIO()
     with search_progress("greedy", cost, graph, 300.0, stream=out, force=True):
         greedy_search(graph, cost, RewriteEngine.default())
     text = out.getvalue()
@@ -384,10 +386,12 @@ def test_searches_have_a_default_time_limit(monkeypatch):
     import time
 
     import xrl.search.progress as progress
-    from xrl.api import get_cost, run_search
+    from xrl.cost import get_cost_model
+    from xrl.search.registry import run_search
 
     monkeypatch.setattr(progress, "DEFAULT_TIME_LIMIT_S", 1.0)
     monkeypatch.setenv("XRL_MAX_MATCHES", "0")
     t0 = time.perf_counter()
-    run_search("greedy", fan_graph(80), get_cost("analytic", "cpu"), seed=0, steps=None, time_limit=None, options={})
+    cost = get_cost_model("analytic", device="cpu")
+    run_search("greedy", fan_graph(80), cost, seed=0, steps=None, time_limit=None, options={})
     assert time.perf_counter() - t0 < 5

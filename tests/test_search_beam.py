@@ -9,13 +9,14 @@ import xrl.graphs
 from cli_helpers import assert_user_error, run
 from xrl.graphs.builder import OnnxBuilder
 
-from xrl.api import get_cost, run_search
+from xrl.cost import get_cost_model
 from xrl.errors import ConfigError
 from xrl.frontends.onnx_io import from_onnx, to_onnx
 from xrl.frontends.verify import compare_models
 from xrl.rewrite import RewriteEngine
 from xrl.search.beam import beam_search, exhaustive_search
 from xrl.search.greedy import greedy_search
+from xrl.search.registry import run_search
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def _graph(name: str):
 
 @pytest.mark.parametrize(("name", "target"), [("tiny_cnn", "paper"), ("mlp", "paper"), ("lora_tiny", "ort-cpu")])
 def test_width_one_without_slack_is_greedy(name: str, target: str, engine: RewriteEngine) -> None:
-    graph, cost = _graph(name), get_cost("target", None, target=target)
+    graph, cost = _graph(name), get_cost_model("target", device="auto", target=target)
     greedy = greedy_search(graph, cost, engine)
     beam = beam_search(graph, cost, engine, width=1, alpha=1.0)
     assert greedy.steps, "a graph where greedy does something"
@@ -45,7 +46,7 @@ def test_beam_looks_past_a_step_greedy_refuses() -> None:
     from xrl.rewrite.rules import load_rules
 
     engine = RewriteEngine([r for r in load_rules() if not r.name.startswith("merge_lowrank")])
-    graph, cost = _graph("lora_tiny"), get_cost("target", None, target="ort-cpu")
+    graph, cost = _graph("lora_tiny"), get_cost_model("target", device="auto", target="ort-cpu")
     greedy = greedy_search(graph, cost, engine)
     beam = beam_search(graph, cost, engine)
     assert beam.speedup >= 1.10 * greedy.speedup
@@ -67,7 +68,7 @@ def _two_independent_rewrites():
 
 
 def test_states_are_deduplicated_by_canonical_hash(engine: RewriteEngine) -> None:
-    graph, cost = _two_independent_rewrites(), get_cost("target", None, target="paper")
+    graph, cost = _two_independent_rewrites(), get_cost_model("target", device="auto", target="paper")
     res = exhaustive_search(graph, cost, engine)
     # {}, {a}, {b}, {a, b}: the two orders of removing both are one state, expanded once
     assert res.details["states"] == 4 and res.explored == 4
@@ -76,7 +77,7 @@ def test_states_are_deduplicated_by_canonical_hash(engine: RewriteEngine) -> Non
 
 
 def test_exhaustive_state_cap_is_reported(engine: RewriteEngine) -> None:
-    graph, cost = _graph("mlp"), get_cost("target", None, target="paper")
+    graph, cost = _graph("mlp"), get_cost_model("target", device="auto", target="paper")
     capped = exhaustive_search(graph, cost, engine, max_states=5)
     assert capped.details["states"] == 5 and not capped.details["exhausted"]
     assert capped.details["stop_reason"] == "state cap"
@@ -88,7 +89,7 @@ def test_exhaustive_state_cap_is_reported(engine: RewriteEngine) -> None:
 
 def test_time_limit_is_honoured_mid_step() -> None:
     """nasrnn's candidates take seconds to enumerate and cost: the search stops within its limit."""
-    graph, cost = _graph("nasrnn"), get_cost("target", None, target="ort-cpu")
+    graph, cost = _graph("nasrnn"), get_cost_model("target", device="auto", target="ort-cpu")
     t0, cpu0 = time.perf_counter(), time.process_time()
     outcome = run_search("beam", graph, cost, seed=0, steps=None, time_limit=1.0, options={})
     # the limit is wall-clock: on a loaded machine the search gets less CPU in its second, so the CPU it used
@@ -99,7 +100,7 @@ def test_time_limit_is_honoured_mid_step() -> None:
 
 
 def test_bad_options_are_config_errors(engine: RewriteEngine, capsys) -> None:
-    graph, cost = _graph("mlp"), get_cost("target", None, target="paper")
+    graph, cost = _graph("mlp"), get_cost_model("target", device="auto", target="paper")
     for kwargs in ({"width": 0}, {"alpha": 0.9}, {"max_states": 0}):
         with pytest.raises(ConfigError):
             beam_search(graph, cost, engine, **kwargs)

@@ -8,19 +8,25 @@ file appears atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from xrl.cost import get_cost_model
 from xrl.cost.base import CostModel
 from xrl.errors import OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
+from xrl.search.registry import get_search, register_search, run_search, search_names
+from xrl.search.result import SearchResult
 
-SEARCH_METHODS = ("none", "greedy", "random", "taso", "tensat", "rl", "beam", "exhaustive")
+# The search registry's functions, for the API's users: the table itself lives in xrl.search.registry
+__all__ = ["OptimizeResult", "as_loaded", "check_output_path", "check_search_options", "measure_model", "optimize",
+           "register_search", "run_search", "search_names"]
+
 # The pre-passes' result is dropped when its estimate is this much above the original's
 PREPASS_TOLERANCE = 0.01
 PREPASS_SHARE = 0.25  # of the time limit (or the default one), for the pre-passes
@@ -66,13 +72,6 @@ class OptimizeResult:
         return {k: v for k, v in asdict(self).items() if k != "model"}
 
 
-@dataclass
-class SearchOutcome:
-    graph: Graph
-    steps: list[str]
-    details: dict[str, Any]
-
-
 def check_output_path(output: str | Path, source: Path | None, *, force: bool) -> Path:
     """Refuse an output path that would overwrite the input or (without force) any existing file."""
     out = Path(output)
@@ -96,8 +95,7 @@ def check_search_options(search: str, prepass: str | Sequence[str] | None = None
     from xrl.errors import ConfigError
     from xrl.frontends.prepass import PREPASSES
 
-    if search != "none" and search not in SEARCH_METHODS and search not in _SEARCH_RUNNERS:
-        raise ConfigError(f"unknown search method {search!r}; choose one of {', '.join(SEARCH_METHODS)}")
+    get_search(search)  # ConfigError naming every registered search
     names = prepass.split(",") if isinstance(prepass, str) else list(prepass or ())
     unknown = [p for p in names if p and p != "none" and p not in PREPASSES]
     if unknown:
@@ -126,31 +124,6 @@ def as_loaded(model: str | LoadedModel | onnx.ModelProto | Graph, *, input_shape
                    f"not {type(model).__name__}")
 
 
-def get_cost(name: str, device: str | None, target: str | None = None, **options: Any) -> CostModel:
-    """A cost model by name. "target" is the cost of the kernels `target` (None: this machine's default)
-    runs, each measured on this machine (`xrl.cost.kernel_measured`) where its runtime is here, and
-    "roofline" their roofline estimate; under the research target `paper` both are the per-op
-    analytic model on its profile. For the
-    analytic model, device None or "auto" means this machine's profile (its NVIDIA GPU's, else cpu)
-    and "cuda" its GPU's; measured models take them as they are."""
-    from xrl.cost import get_cost_model, get_target
-
-    if name in ("target", "roofline"):
-        tgt = get_target(target, device)
-        if tgt.runtime == "kernels":
-            return get_cost_model("analytic", device=device or tgt.device_profile, **options)
-        return get_cost_model(name, device=device, target=tgt.name, **options)
-
-    if name == "analytic" and device in (None, "auto", "cuda"):
-        from xrl.cost.devices import gpu_model_names, this_machine_profile
-
-        if device == "cuda" and not gpu_model_names():
-            raise XrlError("--device cuda: no NVIDIA GPU found on this machine; name a profile "
-                           "(h100, a100, v100, gtx1080, cpu) to estimate for another device")
-        device = this_machine_profile()
-    return get_cost_model(name, device=device, **options)
-
-
 MEASURE_ENGINES = ("auto", "ort", "torch")
 
 
@@ -164,93 +137,6 @@ def measure_model(engine: str = "auto", device: str | None = None, *, repeats: i
         raise XrlError(f"unknown measurement engine {engine!r}; choose one of {', '.join(MEASURE_ENGINES)}")
     where = device if device in ("cpu", "cuda") else "auto"
     return E2ECostModel(device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads, cache=False)
-
-
-def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: int | None,
-               time_limit: float | None, options: Mapping[str, Any]) -> SearchOutcome:
-    """Dispatch to one search method; each lives in its own module and is imported on demand."""
-    if method == "none":
-        return SearchOutcome(graph, [], {})
-    if method not in SEARCH_METHODS:
-        raise XrlError(f"unknown search method {method!r}; choose one of {', '.join(SEARCH_METHODS)}")
-    runner = _SEARCH_RUNNERS.get(method)
-    if runner is None:
-        raise XrlError(f"search method {method!r} is not available in this version of xrl")
-    from xrl.rewrite.match import enumeration_deadline
-    from xrl.search.progress import DEFAULT_TIME_LIMIT_S, search_progress
-
-    if time_limit is None and method != "tensat":  # tensat's saturation and ILP have limits of their own
-        time_limit = DEFAULT_TIME_LIMIT_S
-    # enumerating one state's candidates stops at the limit too; a terminal shows the progress
-    with enumeration_deadline(time_limit), search_progress(method, cost, graph, time_limit):
-        return runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
-
-
-def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
-            **options: Any) -> SearchOutcome:
-    from xrl.rewrite import RewriteEngine
-    from xrl.search.greedy import greedy_search
-
-    screen_top = int(options.get("screen_top", 8))
-    screen = measured_screen(cost) if cost.measured and screen_top > 0 else None
-    res = greedy_search(graph, cost, RewriteEngine.default(), max_steps=steps, time_limit=time_limit, screen=screen,
-                        screen_top=max(screen_top, 1))
-    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored, **res.details})
-
-
-def measured_screen(cost: CostModel) -> CostModel:
-    """The analytic model of the device a whole-graph model times on: what proposes the candidates a
-    measured greedy search times (its `cpu` profile, or this machine's GPU's)."""
-    from xrl.cost import AnalyticCostModel
-    from xrl.cost.devices import this_machine_profile
-
-    # e2e keeps its device as `device`, ort in its options; the cuda model is on this machine's GPU
-    device = getattr(cost, "device", None) or getattr(getattr(cost, "options", None), "device", None) or "auto"
-    return AnalyticCostModel(device="cpu" if device == "cpu" else this_machine_profile())
-
-
-def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
-            **options: Any) -> SearchOutcome:
-    from xrl.rewrite import RewriteEngine
-    from xrl.search.random_search import random_search
-
-    res = random_search(graph, cost, RewriteEngine.default(), steps=steps if steps is not None else 30, seed=seed)
-    return SearchOutcome(res.graph, list(res.steps), {"explored": res.explored})
-
-
-def _lazy(module: str, function: str) -> Callable[..., SearchOutcome]:
-    """A runner imported on first use, so `xrl optimize --search greedy` never loads torch or egglog."""
-
-    def runner(*args: Any, **kwargs: Any) -> SearchOutcome:
-        import importlib
-
-        res = getattr(importlib.import_module(module), function)(*args, **kwargs)
-        return SearchOutcome(res.graph, list(res.steps), dict(res.details))
-
-    return runner
-
-
-def _rl(*args: Any, **options: Any) -> SearchOutcome:
-    """A checkpoint goes to xrl.search.rl_search; an exported .onnx policy to its release runner, which
-    needs neither torch_geometric nor xrl's training code (xrl.policies.release)."""
-    release = str(options.get("policy") or "").endswith(".onnx")
-    return _lazy("xrl.policies.release" if release else "xrl.search.rl_search",
-                 "run_release" if release else "run_rl")(*args, **options)
-
-
-_SEARCH_RUNNERS: dict[str, Callable[..., SearchOutcome]] = {
-    "greedy": _greedy,
-    "random": _random,
-    "taso": _lazy("xrl.search.taso", "taso_runner"),
-    "tensat": _lazy("xrl.search.tensat", "tensat_runner"),
-    "rl": _rl,
-    "beam": _lazy("xrl.search.beam", "beam_runner"),
-    "exhaustive": _lazy("xrl.search.beam", "exhaustive_runner"),
-}
-
-
-def register_search(name: str, runner: Callable[..., SearchOutcome]) -> None:
-    _SEARCH_RUNNERS[name] = runner
 
 
 def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str | Path | None = None,
@@ -292,7 +178,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
     # the per-op analytic model is the research setting's cost: asked for by name, it means that target
     tgt = get_target("paper" if target is None and cost == "analytic" else target, device)
-    cost_model = get_cost(cost, device, target=tgt.name, **dict(cost_options or {}))
+    # device None from a user means this machine (the factory's None is each backend's own default)
+    cost_model = get_cost_model(cost, device=device or "auto", target=tgt.name, **dict(cost_options or {}))
     original_cost = cost_model.cost(loaded.graph)
     t0 = time.perf_counter()
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
@@ -352,13 +239,15 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         guard_report = g.to_json()
         chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
         if chosen is None:  # the original: the user's model, as loaded
-            written, exported, outcome = loaded.graph, reference, SearchOutcome(loaded.graph, [], outcome.details)
+            written, exported = loaded.graph, reference
+            outcome = SearchResult(graph=loaded.graph, details=outcome.details)
             check = compare_models(loaded.reference, reference, seed=seed, trials=1)
         elif chosen[0].label == "pre-pass":
-            written, exported, outcome = chosen[0].graph, chosen[1], SearchOutcome(start, [], outcome.details)
-        elif chosen[0].label == ROOFLINE_LABEL:
             written, exported = chosen[0].graph, chosen[1]
-            outcome = SearchOutcome(written, alternative[2], outcome.details)
+            outcome = SearchResult(graph=start, details=outcome.details)
+        elif chosen[0].label == roofline_label(search):
+            written, exported = chosen[0].graph, chosen[1]
+            outcome = SearchResult(graph=written, steps=alternative[2], details=outcome.details)
         optimized_cost = cost_model.cost(written)
         guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
     measured = None
@@ -391,13 +280,21 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
 
 GUARD_ENV = "XRL_GUARD"
-ROOFLINE_LABEL = "greedy under the roofline"
+
+
+def roofline_label(search: str) -> str:
+    """The guard's label for a search's result under the roofline (`_roofline_alternative`)."""
+    return f"{search} under the roofline"
+
+
+ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
 
 
 def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt: Any, device: str | None, seed: int,
                           steps: int | None, time_limit: float | None, loaded: LoadedModel, trials: int) -> Any:
-    """A second candidate for the guard when the default greedy search ran under measured kernel costs:
-    greedy under the same kernels' roofline. Neither estimate ranks every rewrite as the machine does
+    """A second candidate for the guard when a search registered with `roofline_alternative` (greedy, the
+    default) ran under measured kernel costs: the same search under the same kernels' roofline. Neither
+    estimate ranks every rewrite as the machine does
     (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
     some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
     Returns (candidate, its ONNX model, its rewrites), or None."""
@@ -406,14 +303,15 @@ def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt:
     from xrl.frontends.onnx_io import from_onnx, to_onnx
     from xrl.frontends.verify import compare_models
 
-    if search != "greedy" or not isinstance(cost_model, MeasuredKernelCostModel):
+    if not get_search(search).roofline_alternative or not isinstance(cost_model, MeasuredKernelCostModel):
         return None
-    roofline = get_cost("roofline", device, target=tgt.name)
-    outcome = run_search("greedy", start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
+    roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
+    outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
     exported = to_onnx(outcome.graph.validate())
     if not compare_models(loaded.reference, exported, seed=seed, trials=trials).ok:
         return None
-    return GuardCandidate(ROOFLINE_LABEL, from_onnx(exported, name=loaded.graph.name)), exported, list(outcome.steps)
+    candidate = GuardCandidate(roofline_label(search), from_onnx(exported, name=loaded.graph.name))
+    return candidate, exported, list(outcome.steps)
 
 
 def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:

@@ -86,8 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the optimised model")
+    from xrl.search.registry import search_names
+
     p.add_argument("--search", default="greedy",
-                   help="none | greedy | random | taso | tensat | rl | beam | exhaustive (default greedy)")
+                   help=f"{' | '.join(search_names())} (default greedy; more with xrl.search.registry.register_search "
+                        "or the xrl.searches entry-point group)")
     p.add_argument("--prepass", default=None, metavar="PASSES",
                    help="clean-up passes run before the search, comma-separated: onnxslim, ort-transformers, or none "
                         "(default: the target's: both for the onnxruntime targets, none for paper)")
@@ -187,11 +190,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from xrl.api import get_cost
+    from xrl.cost import get_cost_model
 
     loaded = load(args)
     options = {"repeats": args.repeats} if args.repeats else {}
-    model = get_cost(args.cost, args.device, target=args.target, **options)
+    # no --device: this machine (the factory's None is each backend's own default)
+    model = get_cost_model(args.cost, device=args.device or "auto", target=args.target, **options)
     t0 = time.perf_counter()
     m = model.measure(loaded.graph)
     elapsed = time.perf_counter() - t0

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from xrl.cli.output import format_table, print_json
 from xrl.errors import ConfigError, XrlError
+from xrl.stats import geomean
 
 
 def _conf_dir() -> Path:
@@ -194,13 +194,8 @@ def _graph_names(args: argparse.Namespace) -> list[str]:
     return graphs.names(args.suite)
 
 
-def _geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    from xrl.api import get_cost
+    from xrl.cost import get_cost_model
     from xrl.env import resolve_graph
     from xrl.rewrite import RewriteEngine
     from xrl.rl.checkpoint import default_policy_path, load_policy
@@ -217,7 +212,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cap = candidate_cap(ckpt, args.max_candidates)
     trained_on = set(ckpt.get("metadata", {}).get("train_graphs") or ckpt.get("config", {}).get("graphs", {})
                      .get("train", []))
-    cost = get_cost(args.cost, args.device)
+    cost = get_cost_model(args.cost, device=args.device or "auto")  # no --device: this machine
     engine = RewriteEngine.default()
     rows: list[dict[str, Any]] = []
     for name in _graph_names(args):
@@ -283,8 +278,8 @@ def format_eval_tables(rows: list[dict[str, Any]], *, baselines: bool, title: st
             table.append([r["graph"], r["ops"], *base, f"{r['rl_speedup']:.3f}x", r["rl_steps"],
                           f"{r['rl_time_s']:.1f} s", "yes" if r["uphill_paid_off"] else ""])
         keys = ("random_speedup", "greedy_speedup") if baselines else ()
-        gm = [f"{_geomean([r[k] for r in part]):.3f}x" for k in keys]
-        table.append(["geomean", "", *gm, f"{_geomean([r['rl_speedup'] for r in part]):.3f}x", "", "", ""])
+        gm = [f"{geomean([r[k] for r in part]):.3f}x" for k in keys]
+        table.append(["geomean", "", *gm, f"{geomean([r['rl_speedup'] for r in part]):.3f}x", "", "", ""])
         out.append(f"\n{'graphs trained on' if split == 'train' else 'held-out graphs'}:")
         out.append(format_table(head, table))
     return "\n".join(out)

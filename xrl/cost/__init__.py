@@ -68,17 +68,36 @@ def target_timing(device: str | None, target: str | None, timing: str | None = N
     return "measured" if here and not foreign else "roofline"
 
 
-def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None = None, **options: Any) -> CostModel:
-    """A cost model by name. `device` None means the backend's default (analytic: "h100"; ort: "auto").
+def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None = None, target: str | None = None,
+                   **options: Any) -> CostModel:
+    """The one cost-model factory: a cost model by name, for `device` and (for "target" and "roofline") `target`.
+
+    device None means the backend's default: the analytic model's "h100" profile (what training and the
+    environments use), this machine for the measured backends. "auto" means this machine everywhere: for the
+    analytic model its NVIDIA GPU's profile, else cpu; "cuda" its GPU's (ConfigError without one).
+    "target" is the cost of the kernels `target` (None: this machine's default) runs, each measured on this
+    machine where its runtime is here (`xrl.cost.kernel_measured`, unless `timing="roofline"` or
+    $XRL_TARGET_COST says otherwise), and "roofline" their roofline estimate; under a target whose every op
+    is a kernel (the research target `paper`) both are the analytic model on the target's profile. Other
+    backends ignore `target`.
 
     Raises ConfigError for an unknown name or an option the backend does not take.
     """
+    if name in ("target", "roofline"):
+        tgt = get_target(target, device if isinstance(device, str) else None)
+        if tgt.runtime == "kernels":
+            options.pop("timing", None)
+            return get_cost_model("analytic", device=tgt.device_profile if device in (None, "auto") else device,
+                                  **options)
+        options["target"] = tgt.name
     cls = COST_MODELS.get(name)
     if name == "target":
         timing = target_timing(device, options.get("target"), options.pop("timing", None))
         cls = MeasuredKernelCostModel if timing == "measured" else TargetCostModel
     if cls is None:
         raise ConfigError(f"unknown cost model {name!r}; choose one of: {', '.join(COST_MODELS)}")
+    if name == "analytic" and device in ("auto", "cuda"):
+        device = _this_machine_profile(device)
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p, spec in params.items() if p != "self" and spec.kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
@@ -86,6 +105,16 @@ def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None
         valid = ", ".join(p for p in accepted if p != "device") or "none"
         raise ConfigError(f"cost model {name!r} has no option {', '.join(map(repr, unknown))}; its options: {valid}")
     return cls(device=device, **options)
+
+
+def _this_machine_profile(device: str) -> str:
+    """The analytic profile of this machine ("auto": its NVIDIA GPU's, else cpu; "cuda": its GPU's)."""
+    from xrl.cost.devices import gpu_model_names, this_machine_profile
+
+    if device == "cuda" and not gpu_model_names():
+        raise ConfigError("--device cuda: no NVIDIA GPU found on this machine; name a profile "
+                          "(h100, a100, v100, gtx1080, cpu) to estimate for another device")
+    return this_machine_profile()
 
 
 __all__ = [

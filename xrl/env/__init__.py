@@ -10,7 +10,6 @@ from xrl.env.graph_rewrite import (
     MAX_ACTIONS,
     OBSERVATIONS,
     GraphRewriteEnv,
-    resolve_cost,
     resolve_graph,
     rule_name,
 )
@@ -25,4 +24,4 @@ register_envs()  # done by `import xrl` already; kept so the ids exist whichever
 
 __all__ = ["DEFAULT_GRAPH", "DEFAULT_MAX_CANDIDATES", "ENV_ID", "MAX_ACTIONS", "OBSERVATIONS", "PASS_ORDERING_ID",
            "REWARD_MODES", "SHAPING", "EnvState", "GraphRewriteEnv", "Potential", "RewardConfig", "ValidationResult",
-           "read_states", "resolve_cost", "resolve_graph", "rule_name", "write_states"]
+           "read_states", "resolve_graph", "rule_name", "write_states"]

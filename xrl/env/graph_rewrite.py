@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from xrl.cost import get_cost_model
 from xrl.cost.base import CostModel
 from xrl.env.observation import SUMMARY_DIM, SUMMARY_HIGH, ObservationLayout, Observer, default_maxima
 from xrl.env.reward import Potential, RewardConfig
@@ -77,27 +78,15 @@ def feature_graph(candidate: Any) -> Graph:
 
 
 def resolve_graph(graph: Graph | str) -> Graph:
-    """A Graph, the name of a built-in graph, or a model file (.onnx, HLO text)."""
+    """A Graph, or a built-in graph name or model file (.onnx, HLO text), by the one loader's rule
+    (`xrl.frontends.loader.load_model`)."""
     if isinstance(graph, Graph):
         return graph
-    if isinstance(graph, str) and ("/" in graph or "." in graph):
+    if isinstance(graph, str):
         from xrl.frontends.loader import load_model
 
         return load_model(graph).graph
-    if isinstance(graph, str):
-        from xrl import graphs
-        from xrl.frontends.onnx_io import from_onnx
-
-        return from_onnx(graphs.build(graph), name=graph)
-    raise ConfigError(f"graph must be an xrl Graph or a built-in graph name, not {type(graph).__name__}")
-
-
-def resolve_cost(cost: CostModel | str) -> CostModel:
-    if isinstance(cost, CostModel):
-        return cost
-    from xrl.cost import get_cost_model
-
-    return get_cost_model(cost)
+    raise ConfigError(f"graph must be an xrl Graph, a built-in graph name or a model file, not {type(graph).__name__}")
 
 
 class GraphRewriteEnv(gym.Env):
@@ -128,12 +117,12 @@ class GraphRewriteEnv(gym.Env):
 
             engine = RewriteEngine.default()
         self.engine = engine
-        self.cost_model = resolve_cost(cost)
+        self.cost_model = cost if isinstance(cost, CostModel) else get_cost_model(cost)
         # Hints and candidate caps need a cheap per-candidate estimate: the backend itself when it is
         # per-op (exact from the delta) or deterministic (a target's kernels, measured once and cached),
         # else (a whole graph timed every call) the analytic roofline.
         cheap = self.cost_model.per_op or not self.cost_model.measured
-        self.hint_model = self.cost_model if cheap else resolve_cost("analytic")
+        self.hint_model = self.cost_model if cheap else get_cost_model("analytic")
         self.horizon = horizon
         self.reward_cfg = RewardConfig(reward, reward_every, shaping, gamma)
         self.max_candidates = max_candidates

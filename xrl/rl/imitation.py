@@ -71,7 +71,7 @@ class Demonstration:
 def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
                  ) -> dict[str, tuple[str, list[str], float]]:
     """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found."""
-    from xrl.api import run_search
+    from xrl.search.registry import run_search
 
     unknown = [t for t in cfg.teachers if t not in TEACHERS]
     if unknown:

@@ -138,7 +138,7 @@ def _positive_int(name: str, value: object) -> int:
 def beam_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: int | None = None,
                 time_limit: float | None = None, width: int = DEFAULT_WIDTH, alpha: float = DEFAULT_ALPHA,
                 **options: object) -> SearchResult:
-    """`xrl optimize --search beam` (the runner signature of `xrl.api.register_search`): `steps` caps
+    """`xrl optimize --search beam` (the runner signature of `xrl.search.registry.register_search`): `steps` caps
     the depth; the search is deterministic, so `seed` is unused."""
     if options:
         raise ConfigError(f"beam has no option {', '.join(map(repr, sorted(options)))}; its options: width, alpha")

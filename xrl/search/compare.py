@@ -1,11 +1,11 @@
 """The comparison driver: every method on every graph, each result recomputed and verified.
 
-A run goes through `xrl.api.run_search`, the same dispatch `xrl optimize --search M` uses, so a
-method is compared exactly as a user would run it. Nothing a method reports is trusted: the cost is
-recomputed from the graph it returns, the graph is validated, exported to ONNX and run against the
-loaded reference under onnxruntime (`compare_models`). A method that raises is recorded as failed
-with its reason and the remaining runs go on; a method that is not installed (the RL policy) is
-recorded as unavailable.
+A run goes through `xrl.search.registry.run_search`, the same dispatch `xrl optimize --search M` uses,
+so a method (any registered search) is compared exactly as a user would run it. Nothing a method
+reports is trusted: the cost is recomputed from the graph it returns, the graph is validated,
+exported to ONNX and run against the loaded reference under onnxruntime (`compare_models`). A
+method that raises is recorded as failed with its reason and the remaining runs go on; a method
+that is not installed (the RL policy, a plug-in that does not import) is recorded as unavailable.
 
 Outputs in `out_dir`: results.csv, results.md (per graph and method, then a geometric-mean row per
 method), speedup.png (grouped bars) and speedup_vs_time.png (speedup against optimiser wall time,
@@ -15,7 +15,6 @@ log x).
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import time
 import traceback
@@ -25,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from xrl.errors import ConfigError, XrlError
+from xrl.search.registry import SearchUnavailableError, get_search, run_search, search_names
+from xrl.stats import geomean, geomean_values
 
+# The built-in searches compared by default; any registered search (`xrl.search.registry`) can be named
 METHODS = ("rl", "taso", "tensat", "greedy", "random", "beam", "exhaustive")
 SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full", "all")
-
-# A method's module that must import for the method to count as available (the RL policy search is
-# built separately; until it exists, compare reports it as unavailable rather than failed).
-_REQUIRED_MODULES = {"rl": "xrl.search.rl_search"}
 
 STATUS_OK, STATUS_WRONG, STATUS_FAILED, STATUS_UNAVAILABLE = "ok", "wrong output", "failed", "unavailable"
 
@@ -110,21 +108,24 @@ def _check_graph_spec(item: str) -> None:
                                 f"a suite: {', '.join(SUITES)}")
 
 
+def comparable_methods() -> tuple[str, ...]:
+    """Every registered search but "none" (which has nothing to compare)."""
+    return tuple(m for m in search_names() if m != "none")
+
+
 def resolve_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    unknown = [m for m in items if m not in METHODS]
+    known = comparable_methods()
+    unknown = [m for m in items if m not in known]
     if unknown or not items:
-        raise ConfigError(f"unknown method {unknown[0]!r}; " if unknown else "no methods given; "
-                          f"choose from: {', '.join(METHODS)}")
+        what = f"unknown method {unknown[0]!r}" if unknown else "no methods given"
+        raise ConfigError(f"{what}; choose from: {', '.join(known)}")
     return tuple(dict.fromkeys(items))
 
 
 def method_available(method: str) -> str | None:
-    """None if `method` can run here, else why not."""
-    module = _REQUIRED_MODULES.get(method)
-    if module is not None and importlib.util.find_spec(module) is None:
-        return f"{module} is not installed"
-    return None
+    """None if `method` can run here, else why not (a module it needs is not installed)."""
+    return get_search(method).unavailable()
 
 
 # ----- running --------------------------------------------------------------------------------
@@ -133,10 +134,11 @@ Progress = Callable[[RunRecord, int, int], None]
 
 def run_compare(config: CompareConfig, *, progress: Progress | None = None) -> list[RunRecord]:
     """Every method in `config` on every graph; never raises for one run's failure."""
-    from xrl.api import get_cost
+    from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
 
-    cost_model = get_cost(config.cost, config.device, target=config.target)
+    # no device named: this machine (the factory's None is each backend's own default)
+    cost_model = get_cost_model(config.cost, device=config.device or "auto", target=config.target)
     records: list[RunRecord] = []
     total = len(config.graphs) * len(config.methods)
     for name in config.graphs:
@@ -161,7 +163,6 @@ def _report(progress: Progress | None, records: list[RunRecord], total: int) -> 
 
 def run_one(loaded, method: str, cost_model, original_cost: float, config: CompareConfig) -> RunRecord:
     """One method on one loaded graph, recomputed and verified."""
-    from xrl.api import run_search
     from xrl.frontends.onnx_io import from_onnx, to_onnx
     from xrl.frontends.verify import compare_models
 
@@ -193,7 +194,7 @@ def run_one(loaded, method: str, cost_model, original_cost: float, config: Compa
         if math.isnan(rec.time_s):
             rec.time_s = time.perf_counter() - t0
         rec.error = _one_line(e)
-        if isinstance(e, XrlError) and "is not available" in str(e):  # the API has no runner for it here
+        if isinstance(e, SearchUnavailableError):  # a plug-in that cannot be imported here
             rec.status, rec.time_s = STATUS_UNAVAILABLE, math.nan
         return rec
     rec.verified = bool(check.ok)
@@ -234,8 +235,8 @@ def summarize(records: Sequence[RunRecord]) -> list[MethodSummary]:
     out = []
     for method in dict.fromkeys(r.method for r in records):
         mine = [r for r in records if r.method == method]
-        ok = [r for r in mine if r.counted and r.speedup > 0]
-        geo = math.exp(math.fsum(math.log(r.speedup) for r in ok) / len(ok)) if ok else math.nan
+        ok = [r for r in mine if r.counted and geomean_values([r.speedup])]
+        geo = geomean(r.speedup for r in ok)
         times = [r.time_s for r in ok]
         out.append(MethodSummary(method, geo, len(ok), len(mine), math.fsum(times) / len(times) if times else math.nan))
     return out

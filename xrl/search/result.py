@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,22 +11,25 @@ from xrl.ir import Graph
 
 @dataclass
 class SearchResult:
-    """The outcome of one search (greedy, random, TASO, Tensat, RL).
+    """The outcome of one search (greedy, random, TASO, Tensat, RL, or a registered plug-in).
 
     `steps` lists the rewrites applied to reach `graph`, as `rule@node,node` (a method whose result
     is not a sequence of rewrites, like Tensat's extraction, describes its changes there instead).
-    `explored` counts what the method examined: candidates for greedy and random search, graphs
-    expanded for TASO, e-nodes for Tensat. `details` holds method-specific extras.
+    `details` holds method-specific extras. A runner (`xrl.search.registry`) needs to fill in only
+    `graph`, `steps` and `details`: the pipeline recomputes every cost itself. The searches also report
+    their own `cost` and `original_cost` (NaN when not reported), `explored` (what the method examined:
+    candidates for greedy and random search, graphs expanded for TASO, e-nodes for Tensat), the seconds
+    they took and their `method` name.
     """
 
     graph: Graph
-    cost: float
-    original_cost: float
-    steps: list[str]
-    explored: int
-    time_s: float
-    method: str
+    steps: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    cost: float = math.nan
+    original_cost: float = math.nan
+    explored: int = 0
+    time_s: float = 0.0
+    method: str = ""
 
     @property
     def speedup(self) -> float:

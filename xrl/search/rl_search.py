@@ -106,7 +106,8 @@ def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
 
 def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
            **options: Any) -> SearchResult:
-    """The `xrl.api` search runner: options `policy` (a checkpoint path), `mode` (guided | argmax), `prior`,
+    """The runner of `--search rl` (registered by xrl.rl.search_entry): options `policy` (a checkpoint path),
+    `mode` (guided | argmax), `prior`,
     `width`, `expand`, `budget` and `stop` (guided), `samples` (argmax: extra sampled rollouts),
     `max_candidates`."""
     known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "samples", "max_candidates")

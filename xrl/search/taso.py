@@ -88,7 +88,7 @@ def taso_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | Non
 def taso_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: int | None = None,
                 time_limit: float | None = None, alpha: float = 1.05, budget: int | None = None,
                 **options: object) -> SearchResult:
-    """`xrl optimize --search taso` (the runner signature of `xrl.api.register_search`).
+    """`xrl optimize --search taso` (the runner signature of `xrl.search.registry.register_search`).
 
     `steps` (or `budget`) caps the graphs expanded (default 1000, TASO's); the search is
     deterministic, so `seed` is unused. The result has the `graph`, `steps` and `details` the API reads.

@@ -90,7 +90,7 @@ def tensat_search(graph: Graph, cost_model: CostModel, rules: Sequence[Rule] | N
 
 def tensat_runner(graph: Graph, cost_model: CostModel, *, seed: int = 0, steps: int | None = None,
                   time_limit: float | None = None, **options: Any) -> SearchResult:
-    """`xrl optimize --search tensat` (the runner signature of `xrl.api.register_search`).
+    """`xrl optimize --search tensat` (the runner signature of `xrl.search.registry.register_search`).
 
     `steps` caps the saturation iterations; `time_limit` is split: half for saturation, the rest
     (at least what saturation left) for extraction. Other options are `tensat_search`'s keywords

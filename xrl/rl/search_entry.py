@@ -1,0 +1,23 @@
+"""`--search rl` in the search registry (`xrl.search.registry`, which imports this module on its first
+lookup). Importing it loads neither torch nor the policy: the runner imports its code when it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xrl.search.registry import lazy_runner, register_search
+from xrl.search.result import SearchResult
+
+
+def run_policy(*args: Any, **options: Any) -> SearchResult:
+    """A checkpoint goes to xrl.search.rl_search; an exported .onnx policy to its release runner, which
+    needs neither torch_geometric nor xrl's training code (xrl.policies.release)."""
+    release = str(options.get("policy") or "").endswith(".onnx")
+    run = lazy_runner("xrl.policies.release", "run_release") if release else lazy_runner("xrl.search.rl_search",
+                                                                                        "run_rl")
+    return run(*args, **options)
+
+
+# replace=False: a runner registered as "rl" in code before the first lookup is kept
+register_search("rl", run_policy, description="a trained policy (the shipped one unless --policy says otherwise)",
+                requires=("xrl.search.rl_search",), replace=False)
