@@ -11,11 +11,11 @@ N, E and B are dynamic. The value head is left out: a release runner only choose
 incremental encoding is an exact shortcut of this whole-graph encoding (tests/test_incremental_encoding.py),
 so both choose alike (up to ties broken apart by float rounding).
 
-PyG's layers export as they are through the TorchScript-based exporter (message passing becomes Gather
-and ScatterElements with reduction, opset 18), except two pieces computed here the export-friendly way
-from the same weights: GCN's node degree, a bincount (no ONNX op), as a scatter-add of ones; and max
-pooling, whose PyG export gives wrong values, as a scatter max from -inf. Every export is checked: the
-file is run under onnxruntime on a sample state and must give the checkpoint's logits.
+The encoder's forward (xrl.nn.encoders, any registered kind) exports as it is through the TorchScript-based
+exporter (message passing becomes Gather and ScatterElements with reduction, opset 18): its pieces are
+written export-friendly (node degrees as a scatter-add of ones, max pooling as a scatter max from -inf).
+Every export is checked: the file is run under onnxruntime on a sample state and must give the
+checkpoint's logits.
 """
 
 from __future__ import annotations
@@ -42,41 +42,17 @@ class ExportError(XrlError):
     """The exported file does not compute what the checkpoint computes."""
 
 
-class _Scorer(nn.Module):
+class StateScorer(nn.Module):
     """GraphPolicy's logits for one state whose graphs are [G, G_1, ..., G_n] (see the module docstring)."""
 
     def __init__(self, policy: nn.Module) -> None:
         super().__init__()
         self.policy = policy
 
-    def _node_states(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
-        from xrl.nn.encoders import with_reverse_edges
-
-        enc = self.policy.encoder
-        h = enc.node_in(x)
-        edge_index, edge_attr = with_reverse_edges(edge_index, edge_attr)
-        gcn = enc.cfg.kind == "gcn"
-        e = None if gcn else enc._edge_features(h, edge_index, edge_attr)
-        # node_degree's bincount has no ONNX op: the same count as a scatter-add of ones (not index_add, which
-        # exports without the add, so that repeated indices overwrite)
-        deg = h.new_zeros(h.size(0)).scatter_add(0, edge_index[1], h.new_ones(edge_index.size(1))) if gcn else None
-        for i in range(enc.cfg.layers):
-            h = enc._layer(i, h, edge_index, e, deg)
-        return h
-
-    def _pool(self, h: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
-        from xrl.nn.encoders import _scatter_max
-
-        kind = self.policy.encoder.cfg.pooling
-        if kind == "max":  # PyG's max pool exports wrong values: ScatterElements max from -inf instead
-            return _scatter_max(h, batch, num_graphs)
-        return self.policy.encoder.pool(h, batch, num_graphs)
-
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor, batch: Tensor,
                 cand_attr: Tensor) -> Tensor:
-        enc, policy = self.policy.encoder, self.policy
-        h = self._node_states(x, edge_index, edge_attr)
-        emb = enc.readout(torch.cat([enc.global_in(u), self._pool(h, batch, u.size(0))], dim=1))  # [B, H]
+        policy = self.policy
+        emb = policy.encoder(x, edge_index, edge_attr, u, batch)  # [B, H]: the encoder's own forward exports
         h_s = emb[:1].expand_as(emb)  # the state's embedding beside every candidate's
         hints = cand_attr if policy.cfg.use_hints else torch.zeros_like(cand_attr)
         return policy.score(torch.cat([emb, h_s, emb - h_s, hints], dim=1)).squeeze(-1)
@@ -102,7 +78,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, *, sample_graph: str = 
     cap = (ckpt.get("config", {}).get("env") or {}).get("max_candidates")
     meta = {"format": FORMAT, "policy_config": json.dumps(policy.cfg.to_dict()), "max_candidates": json.dumps(cap),
             "source": Path(checkpoint).name, "update": str(int(ckpt.get("update", 0)))}
-    scorer = _Scorer(policy).eval()
+    scorer = StateScorer(policy).eval()
     feed = sample_inputs(sample_graph, cap)
     args = tuple(torch.from_numpy(feed[k]) for k in INPUTS)
     dynamic = {"x": {0: "nodes"}, "edge_index": {1: "edges"}, "edge_attr": {0: "edges"}, "u": {0: "graphs"},
