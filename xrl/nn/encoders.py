@@ -18,7 +18,8 @@ and each kind (a subclass registered in `ENCODERS`) brings its `conv_l`, documen
 
 A new kind: subclass `GraphEncoder`, implement `make_conv` (and `message_passing` if its conv is not
 called as conv(h, edge_index, edge_attr=e)), and `register_encoder("name", Cls)`; `EncoderConfig(kind=
-"name")`, `model.encoder.kind=name` in training configs, incremental encoding and policy export follow.
+"name")`, `model.kind=name` in training (`xrl train`) and incremental encoding follow, and so does policy
+export where the new layer's ops export to ONNX (`xrl.policies.release.ALLOWED_OPS`).
 """
 
 from __future__ import annotations
