@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from xrl.ir import Graph, Node, TensorType
 from xrl.ir.execute import ExecutionError, execute
-from xrl.ir.ops import OPS, infer_node
+from xrl.ir.ops import OPS, infer_node, onnx_domain
 
 RNG_SEED = 0
 
@@ -80,6 +80,9 @@ CASES = [
     Case("Softmax", [(2, 3, 4)], {"axis": 1}),
     Case("LayerNormalization", [(2, 3, 4), _f((4,)), _f((4,))], {"epsilon": 1e-3}),
     Case("LayerNormalization", [(2, 3, 4), _f((3, 4)), _f((3, 4))], {"axis": 1}, tag="axis1"),
+    Case("SimplifiedLayerNormalization", [(2, 3, 4), _f((4,))], {"axis": -1, "epsilon": 1e-6}, outputs=2),
+    Case("SkipSimplifiedLayerNormalization", [(2, 3, 4), (2, 3, 4), _f((4,)), _f((4,), seed=2)], {"epsilon": 1e-5},
+         outputs=4),
     Case("BatchNormalization", [(2, 3, 4, 5), _f((3,)), _f((3,)), _f((3,)), _f((3,), positive=True)],
          {"epsilon": 1e-3}),
     Case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
@@ -129,14 +132,17 @@ def _onnx_model(case: Case, names: list[str], arrays: dict[str, np.ndarray], out
                 ) -> onnx.ModelProto:
     consts = [(f"c{i}", a) for i, a in enumerate(case.onnx_consts)]
     attrs = case.ir_attrs if case.onnx_attrs is None else case.onnx_attrs
-    node = helper.make_node(case.onnx_op or case.op, names + [n for n, _ in consts], list(outs), **attrs)
+    domain = onnx_domain(case.op)  # onnxruntime's contrib ops (com.microsoft)
+    node = helper.make_node(case.onnx_op or case.op, names + [n for n, _ in consts], list(outs), domain=domain or None,
+                            **attrs)
     feeds_info = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
                   for n, a in arrays.items()]
     inits = [numpy_helper.from_array(a, n) for n, a in consts]
     out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), None)
                 for o, t in outs.items()]
     g = helper.make_graph([node], "t", feeds_info, out_info, initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=8)
+    opsets = [helper.make_opsetid("", case.opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(g, opset_imports=opsets, ir_version=8)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -11,6 +11,9 @@ device with peak P FLOP/s, bandwidth W bytes/s and per-kernel overhead L seconds
 c = compute_efficiency, e_m = memory_efficiency, S = saturation_flops, a = saturation_exponent
 (profiles in `xrl.cost.devices`). Views (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout,
 Constant) run no kernel and cost 0. Opaque ops cost L + B / (W * e_m): a launch and their traffic.
+An op only one runtime runs (onnxruntime's contrib ops, `xrl.ir.ops.op_runtime`) costs UNSUPPORTED_OP_S
+unless the model is told that runtime runs it (`runtimes`): a device that runs every op as its own
+kernel has no such kernel, so no search may keep one. The price is finite so that rewards stay numbers.
 
 Why these terms: L per kernel makes fusing and merging pay (Conv+Relu -> one Conv drops the Relu's
 launch and its round trip through memory; two GEMMs on one input -> one GEMM reads it once). The
@@ -30,7 +33,11 @@ from __future__ import annotations
 from xrl.cost.base import CostModel
 from xrl.cost.devices import DeviceProfile, get_device
 from xrl.ir import Graph, Node
-from xrl.ir.ops import node_bytes, node_flops, op_kind
+from xrl.ir.ops import node_bytes, node_flops, op_kind, op_runtime
+
+# The cost of an op the device cannot run: more than any whole graph of the suites takes, so that every
+# search prefers the graph without it, yet finite (an RL reward of -inf would poison training).
+UNSUPPORTED_OP_S = 1.0
 
 
 class AnalyticCostModel(CostModel):
@@ -42,6 +49,7 @@ class AnalyticCostModel(CostModel):
     def __init__(self, *, device: str | DeviceProfile | None = None) -> None:
         super().__init__()
         self.device = get_device(device if device is not None else "h100")
+        self.runtimes: frozenset[str] = frozenset()  # runtimes whose own ops this device runs (targets set it)
 
     def compute_efficiency(self, flops: float, kind: str) -> float:
         """The fraction of peak FLOP/s a kernel of `flops` work and this op kind reaches."""
@@ -55,6 +63,9 @@ class AnalyticCostModel(CostModel):
         kind = op_kind(node.op) if node.domain in ("", "ai.onnx") else "opaque"
         if kind == "view":
             return 0.0
+        runtime = op_runtime(node.op) if kind != "opaque" else None
+        if runtime is not None and runtime not in self.runtimes:
+            return UNSUPPORTED_OP_S
         d = self.device
         memory_s = node_bytes(node, graph) / (d.bandwidth * d.memory_efficiency)
         if kind == "opaque":

@@ -285,7 +285,8 @@ def pin_input_shapes(work: OnnxWork, input_shapes: Mapping[str, Sequence[int]] |
                                 f"(input_shapes= in Python) with the sizes you will run")
     # Dims declared on computed values would shadow, or contradict, what inference derives from the
     # pinned inputs: forget them, except the fixed dims of custom-domain ops, which nothing else types.
-    custom = {v for n in work.nodes if n.domain not in DEFAULT_DOMAINS for v in n.output}
+    custom = {v for n in work.nodes if n.domain not in DEFAULT_DOMAINS or not onnx.defs.has(n.op_type, n.domain)
+              for v in n.output}  # (onnxruntime registers SimplifiedLayerNormalization in the default domain)
     for v in (*work.outputs, *work.value_info):
         dims = dims_of(v.type)
         if dims is not None:

@@ -15,6 +15,7 @@ import contextlib
 import glob
 import math
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -24,7 +25,7 @@ import onnx
 from onnx import AttributeProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from xrl.atomic import atomic_write, remove_stale_temporaries, write_atomic
-from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, OutputPathError
+from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, OutputPathError, XrlError
 from xrl.frontends.onnx_fold import (
     DEFAULT_DOMAINS,
     DTYPE_TO_ONNX,
@@ -36,7 +37,7 @@ from xrl.frontends.onnx_fold import (
     static_shape,
 )
 from xrl.ir import Graph, Node, TensorType
-from xrl.ir.ops import FUSABLE_ACTIVATIONS, is_known
+from xrl.ir.ops import FUSABLE_ACTIVATIONS, OPS, infer_types, ir_op, is_known, onnx_domain
 from xrl.limits import check_shape
 
 DEFAULT_OPSET = 17
@@ -140,16 +141,84 @@ def _to_graph(work: OnnxWork, types: Mapping[str, TypeProto], name: str, label: 
     nodes: list[Node] = []
     for onnx_node, node_name in zip(work.nodes, _unique_names(work.nodes)):
         where = f"output of node {node_name!r} ({onnx_node.op_type})"
+        inferred = _ir_types(onnx_node, node_name, work.consts, tensor_types, types, label)
         for v in onnx_node.output:
-            tensor_types[v] = _tensor_type(v, types.get(v), label, where)
+            tensor_types[v] = inferred.get(v) or _tensor_type(v, types.get(v), label, where)
         nodes.append(_import_node(onnx_node, node_name, work.consts, tensor_types, label))
     outputs = [v.name for v in work.outputs]
     used = {v for n in nodes for v in n.inputs} | set(outputs)
-    weights = {k: a for k, a in work.consts.items() if k in used}  # axes/split moved into attributes
+    # axes/split moved into attributes; a weight equal to one an earlier import holds is that array
+    weights = {k: shared_weight(a) for k, a in work.consts.items() if k in used}
     types_used = {k: t for k, t in tensor_types.items() if k not in work.consts or k in weights}
     domain_opsets = {d: v for d, v in work.opsets.items() if d not in DEFAULT_DOMAINS}  # kept for export
     return Graph(nodes, [v.name for v in work.inputs], outputs, types_used, weights, name=name,
                  domain_opsets=domain_opsets).validate()
+
+
+def _ir_types(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], known: Mapping[str, TensorType],
+              types: Mapping[str, TypeProto], label: str) -> dict[str, TensorType]:
+    """The IR's output types of a node ONNX shape inference left without static ones, where the IR knows
+    the op and its inputs' types: onnx's inference knows no onnxruntime contrib op (SimplifiedLayerNormalization,
+    which onnxruntime's transformers optimizer writes untyped) and so none of the ops after one. {} when
+    every output is typed or the IR cannot say (the caller then reports the untyped value)."""
+    if n.op_type not in OPS or not ir_op(n.op_type, n.domain) \
+            or all(static_shape(types.get(v)) is not None for v in n.output) \
+            or any(v and v not in known for v in n.input):
+        return {}
+    try:
+        node = _import_node(n, name, consts, known, label)
+        outs = infer_types(node, [known[v] if v else None for v in node.inputs], [consts.get(v) for v in node.inputs])
+    except (KeyError, XrlError):
+        return {}
+    return dict(zip(node.outputs, outs))
+
+
+# Weights of this size and up are shared between imports (smaller ones cost less than the lookup).
+_SHARE_MIN_BYTES = 1 << 16
+# (dtype, shape, a sample of its bytes) -> weights live in some imported graph; dropped with the last graph
+_shared_weights: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_weight(arr: np.ndarray) -> np.ndarray:
+    """`arr`, or an equal read-only weight an earlier import made that is still alive. A model exported and
+    imported again (the file a search writes, re-read to cost and time it) then holds no second copy of
+    the weights it did not change; the IR never writes into a weight, so sharing is safe."""
+    if arr.nbytes < _SHARE_MIN_BYTES or not arr.flags.c_contiguous:
+        return arr
+    raw = arr.reshape(-1).view(np.uint8)  # bytes, not values: -0.0 is not 0.0, and a NaN equals itself
+    key = (arr.dtype.str, arr.shape, raw[:64].tobytes(), raw[-64:].tobytes())
+    old = _shared_weights.get(key)
+    if old is not None and np.array_equal(old.reshape(-1).view(np.uint8), raw):
+        return old
+    if arr.flags.writeable:  # what Graph would do; done here so the pooled array is the one graphs hold
+        arr = arr.view()
+        arr.flags.writeable = False
+    _shared_weights[key] = arr
+    return arr
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc's malloc_trim): the arenas keep the space of the
+    big transient buffers of an export or a session (serialised models, tensors' bytes) otherwise, and
+    the process stays that large for the rest of the run. Elsewhere a no-op."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@cache
+def _libc():  # noqa: ANN202 - a ctypes CDLL, or None
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):  # musl and other libcs have no malloc_trim
+        return None
 
 
 def _tensor_type(value: str, tp: TypeProto | None, label: str, where: str) -> TensorType:
@@ -203,7 +272,7 @@ def _unique_names(nodes: Sequence[NodeProto]) -> list[str]:
 def _import_node(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], types: Mapping[str, TensorType],
                  label: str) -> Node:
     op = n.op_type
-    domain = "" if n.domain in DEFAULT_DOMAINS else n.domain
+    domain = "" if n.domain in DEFAULT_DOMAINS or ir_op(op, n.domain) else n.domain
     attrs = {a.name: _attr_value(a, f"{name!r} ({op})", label) for a in n.attribute}
     inputs = list(n.input)
     if domain == "":
@@ -318,8 +387,8 @@ def _domain_version(domain: str) -> int:
 
 def _node_min_opset(node: Node) -> int:
     """The oldest opset (>= MIN_OPSET) whose schema for this node's op exists and takes its attributes."""
-    if node.domain != "":
-        return MIN_OPSET
+    if node.domain != "" or (node.op in OPS and OPS[node.op].runtime is not None):
+        return MIN_OPSET  # a contrib op: not versioned with the default opset
     if node.op == "Gelu":
         return MIN_OPSET  # lowered to Erf arithmetic below opset 20
     versions = _op_versions(node.op, "")
@@ -412,8 +481,8 @@ class _Exporter:
         inputs = [self.r(v) if v else "" for v in n.inputs]
         outputs = [self.r(v) for v in n.outputs]
         attrs = dict(n.attrs)
-        if n.domain != "":
-            self.emit(n.op, inputs, outputs, attrs, n.name, n.domain)
+        if n.domain != "" or onnx_domain(n.op):
+            self.emit(n.op, inputs, outputs, attrs, n.name, n.domain or onnx_domain(n.op))
             return
         act = attrs.pop("activation", None) if n.op in _FUSED_OPS else None
         if n.op == "Cast":

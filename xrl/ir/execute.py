@@ -294,6 +294,28 @@ def _layernorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [y, mean, inv_std]
 
 
+def _rms(x: np.ndarray, axis: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """x / sqrt(mean(x^2) + eps) over the axes from `axis`, and that 1 / sqrt(...)."""
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    inv = 1.0 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+    return x * inv, inv
+
+
+@kernel("SimplifiedLayerNormalization")
+def _simplified_layernorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    y, inv = _rms(a[0], node.attr("axis", -1), node.attr("epsilon", 1e-5))
+    return [y * a[1], inv]
+
+
+@kernel("SkipSimplifiedLayerNormalization")
+def _skip_simplified_layernorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    total = a[0] + a[1]
+    if len(a) > 3 and a[3] is not None:
+        total = total + a[3]
+    y, inv = _rms(total, -1, node.attr("epsilon", 1e-12))
+    return [y * a[2], np.zeros_like(inv), inv, total]  # onnxruntime writes no mean for an RMSNorm: zeros
+
+
 @kernel("BatchNormalization")
 def _batchnorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     x, scale, bias, mean, var = a[:5]

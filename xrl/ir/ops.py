@@ -42,17 +42,42 @@ class OpSpec:
     kind: str
     infer: InferFn
     flops: FlopFn
+    # Where the op is not standard ONNX: the ONNX domain it is written in ("" for onnxruntime's contrib
+    # ops it registers in the default domain) and the runtime that runs it. In the IR every known op has
+    # domain "", so rules match and build it like any other; the ONNX front end maps the domain.
+    onnx_domain: str = ""
+    runtime: str | None = None  # None: every runtime; "onnxruntime": its contrib ops only
 
 
 OPS: dict[str, OpSpec] = {}
 
 
-def _register(name: str, kind: str, infer: InferFn, flops: FlopFn | None = None) -> None:
-    OPS[name] = OpSpec(name, kind, infer, flops or (lambda n, i, o: 0))
+def _register(name: str, kind: str, infer: InferFn, flops: FlopFn | None = None, *, onnx_domain: str = "",
+              runtime: str | None = None) -> None:
+    OPS[name] = OpSpec(name, kind, infer, flops or (lambda n, i, o: 0), onnx_domain, runtime)
 
 
 def is_known(op: str, domain: str = "") -> bool:
     return domain in ("", "ai.onnx") and op in OPS
+
+
+def ir_op(op: str, domain: str) -> bool:
+    """Whether an ONNX node (op, domain) is an op of the IR: a standard op, or a contrib op the IR
+    knows, in the domain onnxruntime registers it in."""
+    spec = OPS.get(op)
+    return spec is not None and (domain in ("", "ai.onnx") if not spec.onnx_domain else domain == spec.onnx_domain)
+
+
+def onnx_domain(op: str) -> str:
+    """The ONNX domain an IR op is written in ("" for standard ONNX)."""
+    spec = OPS.get(op)
+    return spec.onnx_domain if spec else ""
+
+
+def op_runtime(op: str) -> str | None:
+    """The only runtime that runs `op` (None: every runtime does)."""
+    spec = OPS.get(op)
+    return spec.runtime if spec else None
 
 
 def op_kind(op: str) -> str:
@@ -389,6 +414,52 @@ def _infer_reduce(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
 
 for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
     _register(_op, "reduction", _infer_reduce, lambda n, i, o: i[0].numel)
+
+
+# ----- onnxruntime's contrib normalisations (RMSNorm) -----------------------------------------------
+# SimplifiedLayerNormalization (RMSNorm: x / sqrt(mean(x^2) + epsilon) * scale over the axes from `axis`)
+# is registered by onnxruntime in the default ONNX domain; SkipSimplifiedLayerNormalization (the same of
+# input + skip (+ bias), also returning that sum) in com.microsoft. Their statistics outputs are float32
+# with the normalised axes kept as 1 (SkipSimplified's `mean` is written as zeros: an RMSNorm has none).
+def _stat_type(x: TensorType, axis: int) -> TensorType:
+    return TensorType(x.shape[:axis] + (1,) * (x.rank - axis), "float32")
+
+
+def _infer_simplified_layernorm(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    x = ins[0]
+    if len(ins) != 2:
+        raise _fail(node, f"takes X and scale, got {len(ins)} inputs")
+    axis = _axis(node, node.attr("axis", -1), x.rank)
+    if broadcast_shapes(node, x.shape[axis:], ins[1].shape) != x.shape[axis:]:
+        raise _fail(node, f"scale {ins[1]} does not fit the normalised shape {x.shape[axis:]}")
+    if len(node.outputs) > 2:
+        raise _fail(node, f"has {len(node.outputs)} outputs; the op defines Y and inv_std_var")
+    return [x, _stat_type(x, axis)][: len(node.outputs)]
+
+
+def _infer_skip_simplified_layernorm(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    if not 3 <= len(ins) <= 4:
+        raise _fail(node, f"takes input, skip, gamma and an optional bias, got {len(ins)} inputs")
+    x, skip, gamma = ins[:3]
+    hidden = x.shape[-1:] if x.rank else ()
+    if x.rank not in (2, 3) or skip.shape != x.shape:
+        raise _fail(node, f"input {x} and skip {skip} must have one 2-D or 3-D shape")
+    if any(t.shape != hidden for t in ins[2:]):
+        raise _fail(node, f"gamma and bias must be {hidden}, got {', '.join(str(t) for t in ins[2:])}")
+    if len(node.outputs) > 4:
+        raise _fail(node, f"has {len(node.outputs)} outputs; the op defines 4")
+    stat = _stat_type(x, x.rank - 1)
+    return [x, stat, stat, x][: len(node.outputs)]
+
+
+def _rmsnorm_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> int:
+    return 4 * ins[0].numel + (ins[0].numel if node.op.startswith("Skip") else 0)
+
+
+_register("SimplifiedLayerNormalization", "reduction", _infer_simplified_layernorm, _rmsnorm_flops,
+          runtime="onnxruntime")
+_register("SkipSimplifiedLayerNormalization", "reduction", _infer_skip_simplified_layernorm, _rmsnorm_flops,
+          onnx_domain="com.microsoft", runtime="onnxruntime")
 
 
 # ----- data movement ---------------------------------------------------------------------------

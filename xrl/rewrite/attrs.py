@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Callable[[Types], dict[str, Any]]] = {
     "AveragePool": lambda ins: _pool_defaults(ins, count_include_pad=0),
     "Softmax": lambda ins: {"axis": _last_axis(ins)},
     "LayerNormalization": lambda ins: {"axis": _last_axis(ins), "epsilon": 1e-5},
+    "SimplifiedLayerNormalization": lambda ins: {"axis": _last_axis(ins), "epsilon": 1e-5, "stash_type": 1},
     "BatchNormalization": lambda ins: {"epsilon": 1e-5, "training_mode": 0},
     "Concat": lambda ins: {"axis": None},
     "Split": lambda ins: {"axis": 0, "split": None},
@@ -91,7 +92,8 @@ def _normalize_value(op: str, key: str, value: Any, ins: Types) -> Any:
     if isinstance(value, list):
         value = tuple(value)
     rank = ins[0].rank if ins else 0
-    if key == "axis" and op in ("Concat", "Split", "Softmax", "LayerNormalization") and isinstance(value, int):
+    if key == "axis" and op in ("Concat", "Split", "Softmax", "LayerNormalization", "SimplifiedLayerNormalization") \
+            and isinstance(value, int):
         return _norm_axis(value, rank)
     if key == "axis" and op == "Flatten" and isinstance(value, int):
         return value % (rank + 1) if -rank - 1 <= value < 0 else value
@@ -162,6 +164,7 @@ ARITY: dict[str, tuple[int, int | None, int | tuple[int, ...] | None]] = {
     "Squeeze": (1, 2, 1), "Unsqueeze": (1, 2, 1), "Transpose": (1, 1, 1), "Pad": (2, 4, 1), "Expand": (2, 2, 1),
     "Where": (3, 3, 1), "Clip": (1, 3, 1), "Cast": (1, 1, 1), "Identity": (1, 1, 1), "Dropout": (1, 3, (1, 2)),
     "Constant": (0, 0, 1), "Max": (1, None, 1), "Min": (1, None, 1),
+    "SimplifiedLayerNormalization": (2, 2, (1, 2)), "SkipSimplifiedLayerNormalization": (3, 4, (1, 2, 3, 4)),
 }
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or")
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Equal"})

@@ -540,8 +540,8 @@ def _check_rule(b: _Builder, line: int, family: str, comment: str, source: list[
     if not roots:
         raise b.error(line, "the target redefines none of the source's values (assign one of: "
                             f"{', '.join(v for v in defined if not v.startswith('%'))})")
-    for v, n in tdefined.items():
-        if v not in defined and v not in reads:
+    for v, n in tdefined.items():  # `_name`: an output an op must have in its place, which nothing needs
+        if v not in defined and v not in reads and not v.startswith("_"):
             raise b.error(n, f"target computes {v!r} but nothing reads it")
     for c in conditions:
         for v in c.expr.names:

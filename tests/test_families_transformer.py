@@ -1,0 +1,135 @@
+"""The transformer families meet onnxruntime's contrib ops (issue 23): RMSNorm and the residual Add before it
+fuse into SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization where the target runs them (ort-cpu)
+and never where it does not (paper); the IR's numpy semantics of those ops are onnxruntime's; a model the
+transformers optimizer fused imports (its SimplifiedLayerNormalization outputs come back untyped); the
+default optimisation of both llama exports reaches its limit's op histogram and verifies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from xrl.cost.targets import get_target
+from xrl.frontends.onnx_io import from_onnx, to_onnx
+from xrl.ir.execute import execute
+
+pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from xrl.graphs import families as F  # noqa: E402
+
+RMS_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+NORM_PATTERN = {"Pow", "ReduceMean", "Sqrt"}
+
+
+def _histogram(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _ort_run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _contrib_model(hidden: int = 24) -> onnx.ModelProto:
+    """SimplifiedLayerNormalization, then SkipSimplifiedLayerNormalization of its output and a skip input."""
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal(hidden).astype(np.float32)
+    g2 = rng.standard_normal(hidden).astype(np.float32)
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y", "inv"], axis=-1, epsilon=1e-6,
+                              stash_type=1),
+             helper.make_node("SkipSimplifiedLayerNormalization", ["y", "s", "g2"], ["z", "mean", "inv2", "sum"],
+                              domain="com.microsoft", epsilon=1e-5)]
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)  # noqa: E731
+    shape = [2, 5, hidden]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in ("x", "s")]
+    weights = [onnx.numpy_helper.from_array(g, "g"), onnx.numpy_helper.from_array(g2, "g2")]
+    graph = helper.make_graph(nodes, "contrib", inputs, [vi("y"), vi("inv"), vi("z"), vi("inv2"), vi("sum")],
+                              initializer=weights)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_numpy_semantics_of_the_rmsnorm_contrib_ops_match_onnxruntime() -> None:
+    """The reference executor (which verifies every rule) computes what onnxruntime's kernels compute, and the
+    ops round-trip through import and export with their domains (SkipSimplified in com.microsoft)."""
+    model = _contrib_model()
+    graph = from_onnx(model)  # untyped contrib outputs: the IR types them
+    assert graph.type_of("z").shape == (2, 5, 24) and graph.type_of("inv2").shape == (2, 5, 1)
+    rng = np.random.default_rng(0)
+    for trial in range(3):
+        feeds = {"x": (rng.standard_normal((2, 5, 24)) * (1 + trial)).astype(np.float32),
+                 "s": rng.standard_normal((2, 5, 24)).astype(np.float32)}
+        want = _ort_run(model, feeds)
+        got = execute(graph, feeds)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    written = to_onnx(graph)
+    domains = {n.op_type: n.domain for n in written.graph.node}
+    assert domains == {"SimplifiedLayerNormalization": "", "SkipSimplifiedLayerNormalization": "com.microsoft"}
+    assert {o.domain for o in written.opset_import} == {"", "com.microsoft"}
+    for w, g in zip(_ort_run(model, feeds), _ort_run(written, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_targets_declare_which_runtime_runs_the_contrib_ops() -> None:
+    assert get_target("ort-cpu").runs("SkipSimplifiedLayerNormalization")
+    assert get_target("ort-cuda").runs("SimplifiedLayerNormalization")
+    assert not get_target("paper").runs("SimplifiedLayerNormalization")
+    assert get_target("paper").runs("LayerNormalization")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return {}
+
+
+def _optimized(cache: dict, exporter: str, target: str, prepass: tuple | None, limit: bool = False):
+    from xrl.api import optimize
+
+    key = (exporter, target, prepass, limit)
+    if key not in cache:
+        model = F.build_onnx("llama", "small", exporter, limit=limit)
+        cache[key] = optimize(model, search="greedy", target=target, prepass=prepass, time_limit=60)
+    return cache[key]
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_xrl_rules_fuse_rmsnorm_and_skip_rmsnorm_under_ort_cpu(exporter: str, results: dict) -> None:
+    """Without the pre-passes (so xrl's own rules do it), every RMSNorm of both exports becomes a contrib op:
+    the first of the network a SimplifiedLayerNormalization, the four after a residual Add a Skip one."""
+    result = _optimized(results, exporter, "ort-cpu", ())
+    hist = _histogram(result.model)
+    assert hist["SimplifiedLayerNormalization"] == 1 and hist["SkipSimplifiedLayerNormalization"] == 4
+    assert not NORM_PATTERN & set(hist), hist
+    applied = {step.split("@", 1)[0] for step in result.steps}
+    assert applied & {"fuse_skip_rmsnorm", "fuse_skip_rmsnorm_cast"}
+    assert applied & {"fuse_rmsnorm_div_scaled", "fuse_rmsnorm_div_cast_scaled", "fuse_rmsnorm_reciprocal_scaled"}
+    assert result.verified and result.max_abs_err < 1e-4
+    feeds = F.input_feeds("llama", "small", seed=2)
+    (want,) = F.run(F.build_onnx("llama", "small", exporter), feeds)
+    (got,) = F.run(result.model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_the_paper_target_gets_no_contrib_ops(exporter: str, results: dict) -> None:
+    result = _optimized(results, exporter, "paper", None)
+    assert not RMS_OPS & set(_histogram(result.model))
+    assert all(n.domain in ("", "ai.onnx") for n in result.model.graph.node)
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_default_optimisation_of_llama_reaches_its_limits_histogram(exporter: str, results: dict) -> None:
+    """With the default pre-passes the transformers optimizer's RMSNorm fusions are kept (they import now),
+    xrl packs q/k/v and gate/up, and the result has the op histogram of the same done to the hand-folded limit."""
+    result = _optimized(results, exporter, "ort-cpu", None)
+    limit = _optimized(results, exporter, "ort-cpu", None, limit=True)
+    assert RMS_OPS <= set(_histogram(result.model))
+    assert _histogram(result.model) == _histogram(limit.model)
+    assert result.verified and result.max_abs_err < 1e-4
