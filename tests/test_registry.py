@@ -23,6 +23,7 @@ XRL = Path(__file__).resolve().parent.parent / "xrl"
 def table(monkeypatch):
     """The registry's table as it is now, restored after the test (registrations are process-wide)."""
     monkeypatch.setattr(registry, "_SEARCHES", dict(registry.searches()))
+    monkeypatch.setattr(registry, "_PLUGINS", dict(registry._PLUGINS))
     return registry._SEARCHES
 
 
@@ -44,9 +45,18 @@ def test_a_registered_search_runs_through_xrl_optimize(table, capsys, tmp_path):
     doc = json.loads(stdout)
     assert doc["search"] == "first_rewrite" and doc["rewrites"] == 1 and doc["details"]["seen"] > 0
     assert onnx.load(str(out)).graph.node
-    with pytest.raises(SystemExit):
-        run(capsys, "optimize", "--help")
-    assert "first_rewrite" in re.sub(r"\s+", " ", capsys.readouterr().out)
+    for command in ("optimize", "compare"):
+        with pytest.raises(SystemExit):
+            run(capsys, command, "--help")
+        assert "first_rewrite" in re.sub(r"\s+", " ", capsys.readouterr().out)
+
+
+def test_building_the_parsers_reads_no_entry_points(table, monkeypatch, capsys):
+    """The names are listed when help is printed: another command does not pay for the entry-point scan."""
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    code, _, err = run(capsys, "rules", "list", "--json")
+    assert code == 0, err
+    assert not registry._plugins_loaded
 
 
 def test_a_registered_search_runs_in_compare(table):
@@ -75,6 +85,9 @@ def test_the_table_holds_the_builtins_rl_and_their_flags(table):
     assert [n for n in names if registry.get_search(n).roofline_alternative] == ["greedy"]
     assert not registry.get_search("tensat").default_time_limit  # its saturation and ILP have limits of their own
     assert registry.get_search("rl").requires == ("xrl.search.rl_search",)
+    from xrl import api
+
+    assert api.register_search is registry.register_search and api.run_search is registry.run_search  # re-exports
 
 
 def test_a_name_registered_in_code_is_kept_by_a_later_registration_that_does_not_replace(table):
@@ -92,13 +105,16 @@ def test_a_plugin_from_the_entry_point_group_is_listed_then_imported_when_it_run
     (site / "xrl_fake_plugin-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: xrl-fake-plugin\nVersion: 0.1\n")
     (site / "xrl_fake_plugin-0.1.dist-info" / "entry_points.txt").write_text(
-        f"[{registry.ENTRY_POINT_GROUP}]\nfake_first = xrl_fake_plugin_module:first\n")
+        f"[{registry.ENTRY_POINT_GROUP}]\nfake_first = xrl_fake_plugin_module:first\n"
+        "fake_entry = xrl_fake_plugin_module:ENTRY\n")
     (site / "xrl_fake_plugin_module.py").write_text(
         "from xrl.search.result import SearchResult\n\n\n"
         "def first(graph, cost, *, seed, steps, time_limit, **options):\n"
         "    from xrl.search.greedy import greedy_search\n\n"
         "    res = greedy_search(graph, cost, max_steps=1)\n"
-        "    return SearchResult(graph=res.graph, steps=list(res.steps), details={'plugin': True})\n")
+        "    return SearchResult(graph=res.graph, steps=list(res.steps), details={'plugin': True})\n\n\n"
+        "from xrl.search.registry import SearchEntry\n\n"
+        "ENTRY = SearchEntry('any', first, 'one greedy step', default_time_limit=False)\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "xrl_fake_plugin_module", raising=False)
     monkeypatch.setattr(registry, "_plugins_loaded", False)  # read the group again, with the fake on the path
@@ -110,6 +126,8 @@ def test_a_plugin_from_the_entry_point_group_is_listed_then_imported_when_it_run
     doc = json.loads(out)
     assert doc["search"] == "fake_first" and doc["details"] == {"plugin": True} and doc["rewrites"] == 1
     assert "xrl_fake_plugin_module" in sys.modules
+    entry = registry.get_search("fake_entry")  # a SearchEntry: its flags, under the entry point's name
+    assert entry.name == "fake_entry" and not entry.default_time_limit and entry.description == "one greedy step"
 
 
 def test_a_plugin_that_does_not_import_is_reported_unavailable_by_compare(table, monkeypatch, tmp_path):
@@ -125,6 +143,18 @@ def test_a_plugin_that_does_not_import_is_reported_unavailable_by_compare(table,
     monkeypatch.setattr(registry, "_plugins_loaded", False)
     [rec] = run_compare(CompareConfig(graphs=("mlp",), methods=("broken",)))
     assert rec.status == "unavailable" and "xrl_no_such_plugin_module" in rec.error
+
+
+def test_listing_the_searches_imports_no_training_code():
+    """`--search rl --policy FILE.onnx` runs without xrl.rl (tests/test_policy_export.py): the registry's
+    first lookup must not import it."""
+    import subprocess
+
+    code = ("import sys; from xrl.search.registry import search_names, get_search; "
+            "assert 'rl' in search_names() and get_search('rl'); "
+            "assert not [m for m in sys.modules if m == 'xrl.rl' or m.startswith('xrl.rl.')], sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_no_module_below_the_api_imports_it():

@@ -20,12 +20,13 @@ from xrl.cost.base import CostModel
 from xrl.errors import OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
-from xrl.search.registry import get_search, register_search, run_search, search_names
+from xrl.search.registry import get_search, register_search, run_search
 from xrl.search.result import SearchResult
 
-# The search registry's functions, for the API's users: the table itself lives in xrl.search.registry
+# register_search and run_search are re-exported for the API's users (docs/architecture.md); they and the
+# table of searches live in xrl.search.registry
 __all__ = ["OptimizeResult", "as_loaded", "check_output_path", "check_search_options", "measure_model", "optimize",
-           "register_search", "run_search", "search_names"]
+           "register_search", "run_search"]
 
 # The pre-passes' result is dropped when its estimate is this much above the original's
 PREPASS_TOLERANCE = 0.01

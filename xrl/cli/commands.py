@@ -45,6 +45,23 @@ def load(args: argparse.Namespace):
                       seed=getattr(args, "seed", 0))
 
 
+class SearchNamesHelp(str):
+    """A help text whose {names} are the registered searches, filled in when the help is printed: listing
+    them reads the xrl.searches entry points (a scan of the installed packages), which every other command
+    would otherwise pay for when the parsers are built. Names in `skip` are left out."""
+
+    def __new__(cls, text: str, skip: tuple[str, ...] = ()) -> SearchNamesHelp:
+        help_text = super().__new__(cls, text)
+        help_text.skip = skip
+        return help_text
+
+    def __mod__(self, params: object) -> str:  # argparse expands help with `help % params` when it prints
+        from xrl.search.registry import search_names
+
+        names = " | ".join(n for n in search_names() if n not in self.skip)
+        return str.__mod__(str(self).replace("{names}", names), params)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("graphs", help="the built-in benchmark graphs")
     gsub = g.add_subparsers(dest="graphs_command", metavar="{list,export}", parser_class=type(g))
@@ -86,11 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the optimised model")
-    from xrl.search.registry import search_names
-
-    p.add_argument("--search", default="greedy",
-                   help=f"{' | '.join(search_names())} (default greedy; more with xrl.search.registry.register_search "
-                        "or the xrl.searches entry-point group)")
+    p.add_argument("--search", default="greedy", help=SearchNamesHelp(
+        "{names} (default greedy; more with xrl.search.registry.register_search or the xrl.searches entry-point "
+        "group)"))
     p.add_argument("--prepass", default=None, metavar="PASSES",
                    help="clean-up passes run before the search, comma-separated: onnxslim, ort-transformers, or none "
                         "(default: the target's: both for the onnxruntime targets, none for paper)")

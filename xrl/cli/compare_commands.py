@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from xrl.cli.commands import SearchNamesHelp
 from xrl.cli.output import format_table, print_json
-from xrl.search.compare import METHODS, SUITES
+from xrl.search.compare import SUITES
 
 DEFAULT_METHODS = "rl,taso,tensat,greedy,random"  # beam and exhaustive on request: exhaustive runs to its cap
 
@@ -15,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run search methods on built-in graphs and tabulate verified speedups")
     p.add_argument("--graphs", default="small", metavar="NAMES|SUITE",
                    help=f"comma-separated built-in graph names, or a suite: {', '.join(SUITES)} (default small)")
-    p.add_argument("--methods", default=DEFAULT_METHODS, metavar="M1,M2,...",
-                   help=f"comma-separated methods from {', '.join(METHODS)} (default {DEFAULT_METHODS})")
+    p.add_argument("--methods", default=DEFAULT_METHODS, metavar="M1,M2,...", help=SearchNamesHelp(
+        f"comma-separated registered searches: {{names}} (default {DEFAULT_METHODS})", skip=("none",)))
     from xrl.cost.targets import TARGETS
 
     p.add_argument("--target", default="paper", choices=(*TARGETS, "auto"),

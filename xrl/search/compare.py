@@ -124,8 +124,11 @@ def resolve_methods(spec: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def method_available(method: str) -> str | None:
-    """None if `method` can run here, else why not (a module it needs is not installed)."""
-    return get_search(method).unavailable()
+    """None if `method` can run here, else why not (a module it needs, or its plug-in, does not import)."""
+    try:
+        return get_search(method).unavailable()
+    except SearchUnavailableError as e:
+        return str(e)
 
 
 # ----- running --------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ or egglog.
 
 Two more sources are read on the first lookup (`search_names`, `get_search`, `run_search`):
 
-* `xrl.rl.search_entry`, where the RL search registers itself: it runs a trained policy, so it belongs
-  to `xrl.rl`, above this package; importing it lazily keeps `xrl.search` free of an import of `xrl.rl`
-  at load time (the dependency points downwards, from rl to this registry).
+* `xrl.policies.search_entry`, where the RL search registers itself: it runs a trained policy (a
+  checkpoint through `xrl.rl`, an exported .onnx one through `xrl.policies.release`), so it belongs above
+  this package; importing it lazily keeps `xrl.search` free of an import of either at load time (the
+  dependency points downwards, from the policies to this registry). It is not in `xrl.rl`, so that a
+  release-mode policy runs without xrl's training code.
 * third-party plug-ins: entry points of the group `xrl.searches` (`name = "module:attr"`), whose
   object is a runner or a `SearchEntry`. Their names are listed from the metadata alone; the module is
   imported when the search first runs. A name registered in code wins over a plug-in of the same name.
@@ -33,8 +35,8 @@ from xrl.ir import Graph
 from xrl.search.result import SearchResult
 
 ENTRY_POINT_GROUP = "xrl.searches"
-# The RL search's own module (in xrl.rl): imported on the first lookup, see the module docstring
-RL_ENTRY_MODULE = "xrl.rl.search_entry"
+# The RL search's own module: imported on the first lookup, see the module docstring
+RL_ENTRY_MODULE = "xrl.policies.search_entry"
 
 Runner = Callable[..., SearchResult]
 
@@ -174,46 +176,55 @@ def _load_plugins() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _SEARCHES:
-            register_search(ep.name, _plugin_runner(ep), description=f"plug-in {ep.value}")
+        if ep.name not in _SEARCHES:  # listed now, imported by get_search
+            register_search(ep.name, _not_loaded, description=f"plug-in {ep.value}")
+            _PLUGINS[ep.name] = ep
 
 
-def _plugin_runner(ep: Any) -> Runner:
-    """A plug-in's runner, imported on its first run; a SearchEntry object replaces the placeholder entry."""
+def _not_loaded(*args: Any, **kwargs: Any) -> SearchResult:
+    raise AssertionError("a plug-in's placeholder runner is replaced by get_search before it runs")
 
-    def runner(*args: Any, **kwargs: Any) -> SearchResult:
-        try:
-            obj = ep.load()
-        except Exception as e:  # noqa: BLE001 - any import failure means the plug-in cannot run here
-            raise SearchUnavailableError(f"search {ep.name!r} (plug-in {ep.value}) is not available: "
-                                         f"{type(e).__name__}: {e}") from e
-        if isinstance(obj, SearchEntry):
-            _SEARCHES[ep.name] = replace(obj, name=ep.name)
-            return obj.runner(*args, **kwargs)
-        if not callable(obj):
-            raise SearchUnavailableError(f"search {ep.name!r}: plug-in {ep.value} is not a runner or SearchEntry")
-        _SEARCHES[ep.name] = replace(_SEARCHES[ep.name], runner=obj)
-        return obj(*args, **kwargs)
 
-    return runner
+_PLUGINS: dict[str, Any] = {}  # name -> importlib.metadata.EntryPoint not imported yet
+
+
+def _load_plugin(name: str) -> None:
+    """Import plug-in `name` and put its runner (or its SearchEntry, flags and all) in the table."""
+    ep = _PLUGINS[name]
+    try:
+        obj = ep.load()
+    except Exception as e:  # noqa: BLE001 - any import failure means the plug-in cannot run here
+        raise SearchUnavailableError(f"search {name!r} (plug-in {ep.value}) is not available: "
+                                     f"{type(e).__name__}: {e}") from e
+    if isinstance(obj, SearchEntry):
+        _SEARCHES[name] = replace(obj, name=name)
+    elif callable(obj):
+        _SEARCHES[name] = replace(_SEARCHES[name], runner=obj)
+    else:
+        raise SearchUnavailableError(f"search {name!r}: plug-in {ep.value} is neither a runner nor a SearchEntry")
+    del _PLUGINS[name]
 
 
 def search_names() -> tuple[str, ...]:
-    """Every registered search, in registration order (built-ins first)."""
+    """Every registered search, in registration order (built-ins first); plug-ins are not imported."""
     _load_plugins()
     return tuple(_SEARCHES)
 
 
 def searches() -> Mapping[str, SearchEntry]:
-    """The table itself (read it; add to it with register_search)."""
+    """The table itself (read it; add to it with register_search); plug-ins not yet run hold placeholders."""
     _load_plugins()
     return _SEARCHES
 
 
 def get_search(name: str) -> SearchEntry:
-    """The entry of `name`; ConfigError listing every registered name when there is none."""
+    """The entry of `name`, its plug-in imported if it is one: ConfigError listing every registered name when
+    there is none, SearchUnavailableError when its plug-in does not import."""
     _load_plugins()
     entry = _SEARCHES.get(name)
+    if entry is not None and entry.runner is _not_loaded:
+        _load_plugin(name)
+        entry = _SEARCHES[name]
     if entry is None:
         raise ConfigError(f"unknown search method {name!r}; choose one of: {', '.join(_SEARCHES)}")
     return entry

@@ -106,7 +106,7 @@ def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
 
 def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
            **options: Any) -> SearchResult:
-    """The runner of `--search rl` (registered by xrl.rl.search_entry): options `policy` (a checkpoint path),
+    """The runner of `--search rl` (registered by xrl.policies.search_entry): options `policy` (a checkpoint path),
     `mode` (guided | argmax), `prior`,
     `width`, `expand`, `budget` and `stop` (guided), `samples` (argmax: extra sampled rollouts),
     `max_candidates`."""

@@ -1,5 +1,7 @@
 """`--search rl` in the search registry (`xrl.search.registry`, which imports this module on its first
-lookup). Importing it loads neither torch nor the policy: the runner imports its code when it runs."""
+lookup). It lives with the shipped policies rather than in `xrl.rl`: an exported .onnx policy runs without
+xrl's training code (tests/test_policy_export.py runs it with `xrl.rl` and torch_geometric blocked).
+Importing it loads neither torch nor a policy: the runner imports its code when it runs."""
 
 from __future__ import annotations
 
