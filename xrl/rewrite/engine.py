@@ -70,9 +70,10 @@ class RewriteEngine:
         self.applier = Applier()
 
     @classmethod
-    def default(cls, **options: object) -> RewriteEngine:
-        """An engine over the verified built-in rules (`load_rules()`); `options` as for the constructor."""
-        return cls(load_rules(), **options)  # type: ignore[arg-type]
+    def default(cls, *, max_growth: float = 2.0, exact_dedup: bool = False,
+                max_matches: int | None = None) -> RewriteEngine:
+        """An engine over the verified built-in rules (`load_rules()`), the one place they are loaded for one."""
+        return cls(load_rules(), max_growth=max_growth, exact_dedup=exact_dedup, max_matches=max_matches)
 
     def __repr__(self) -> str:
         return f"RewriteEngine({len(self.rules)} rules, max_growth={self.max_growth})"
