@@ -46,7 +46,7 @@ from typing import Any
 
 from xrl.cost.base import CostModel
 from xrl.ir import Graph
-from xrl.rl.evaluate import PolicyRun, make_env, optimize_with_policy
+from xrl.rl.evaluate import PolicyRun, make_env
 from xrl.rl.priors import Judgement, PolicyPrior, Prior
 from xrl.rl.rollout import uphill_paid_off
 
@@ -177,10 +177,8 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
 
 def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: Any, horizon: int,
                     max_candidates: int | None, time_limit: float | None) -> PolicyRun:
-    """The prior's argmax from the input until it picks the no-op: a policy's as `--rl-mode argmax` plays it."""
-    if isinstance(prior, PolicyPrior):
-        return optimize_with_policy(prior.policy, graph, cost_model, engine=engine, horizon=horizon,
-                                    max_candidates=max_candidates, time_limit=time_limit, featurize=prior.featurize)
+    """The prior's argmax from the input until it picks the no-op (a policy's: what `--rl-mode argmax` plays,
+    lowest index on ties). Its steps are `rule@location`, as the beam's, so a teacher's path can be replayed."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit if time_limit is not None else float("inf")
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
@@ -192,7 +190,7 @@ def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: A
         done = terminated or truncated
         costs.append(env.cost)
         if env.cost < best_cost:
-            best_cost, best_graph, best_steps = env.cost, env.graph, list(env.rewrites)
+            best_cost, best_graph, best_steps = env.cost, env.graph, list(env.actions)
     return PolicyRun(best_graph, best_cost, env.cost0, best_steps, 1, len(costs) - 1, time.perf_counter() - t0,
                      uphill_paid_off(costs))
 
