@@ -62,8 +62,8 @@ def at_budget(trace: Sequence[Sequence[float]], budget: float) -> float:
 
 
 def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, budgets: list[float]) -> list[dict]:  # noqa: ANN001
+    from xrl.api import run_search
     from xrl.frontends.loader import load_model
-    from xrl.search.registry import run_search
     from xrl.search.rl_search import rl_search
 
     graph = load_model(name, seed=0).graph

@@ -23,9 +23,9 @@ FIELDS = ["target", "graph", "greedy_speedup", "greedy_s", "rl_speedup", "rl_s",
 
 
 def measure(target: str, name: str) -> dict:
+    from xrl.api import run_search
     from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
-    from xrl.search.registry import run_search
     from xrl.search.rl_search import GUIDED_BUDGET_S, rl_search
 
     cost = get_cost_model("target", target=target)
