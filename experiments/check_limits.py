@@ -64,8 +64,12 @@ def check(member: str, size: str, exporter: str, args: argparse.Namespace, tmp: 
     print(f"  xrl(original)      {len(res.model.graph.node):5d} nodes: {show(got)}")
     print(f"  xrl(limit)         {len(lim.model.graph.node):5d} nodes: {show(want)}")
     print(f"  difference (original - limit): {difference(got, want)}")
-    print(f"  estimated speed-up {res.speedup:.3f} (limit's own {lim.speedup:.3f}); verified {res.verified} "
-          f"(max abs err {res.max_abs_err:.2g}); {secs:.1f} s + {lim_secs:.1f} s")
+    print(f"  cost {res.cost_model}: estimated speed-up {res.speedup:.3f} (limit's own {lim.speedup:.3f}); "
+          f"verified {res.verified} (max abs err {res.max_abs_err:.2g}); {secs:.1f} s + {lim_secs:.1f} s")
+    if res.guard:  # measured defaults: which candidate the guard timed fastest, and its measured speed-up
+        print(f"  guard chose {res.guard.get('chosen')} ({res.guard.get('reason')}); measured speed-up "
+              f"{res.measured_speedup if res.measured_speedup is None else round(res.measured_speedup, 3)} "
+              f"{res.measured_interval or ''} ({res.verdict})")
     print(f"  pre-passes: {', '.join(p.get('name', '?') for p in res.prepasses if p.get('applied')) or 'none'}")
     print(f"  rules ({res.rewrites}): {', '.join(f'{r} {n}' for r, n in steps.most_common()) or 'none'}")
     sys.stdout.flush()

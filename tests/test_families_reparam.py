@@ -52,3 +52,34 @@ def test_default_optimisation_reaches_the_limits_op_histogram(member: str, expor
     (want,) = F.run(F.build_onnx(member, "small", exporter), feeds)
     (got,) = F.run(model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def _check_limits():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "check_limits.py"
+    spec = importlib.util.spec_from_file_location("check_limits", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_limits_takes_members_and_families_and_refuses_unknown_ones(capsys) -> None:
+    script = _check_limits()
+    args = script.parse(["--members", "reparam,lora_encoder", "--exporters", "dynamo"])
+    assert args.member_list == [*REPARAM, "lora_encoder"] and args.exporter_list == ["dynamo"]
+    for bad, message in ((["--members", "nosuch"], "unknown member or family 'nosuch'"),
+                         (["--exporters", "tf"], "unknown exporter 'tf'")):
+        with pytest.raises(SystemExit) as exc:
+            script.parse(bad)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_check_limits_difference_names_the_ops_each_side_has_more_of() -> None:
+    from collections import Counter
+
+    script = _check_limits()
+    got, want = Counter({"Conv": 9, "Add": 4, "Relu": 7}), Counter({"Conv": 7, "Relu": 7, "Gemm": 1})
+    assert script.difference(got, want) == "Add +4, Conv +2, Gemm -1"
+    assert script.difference(want, want) == "none"
