@@ -133,3 +133,23 @@ def test_default_optimisation_of_llama_reaches_its_limits_histogram(exporter: st
     assert RMS_OPS <= set(_histogram(result.model))
     assert _histogram(result.model) == _histogram(limit.model)
     assert result.verified and result.max_abs_err < 1e-4
+
+
+def test_a_rule_may_leave_an_underscored_output_unread() -> None:
+    """SkipSimplifiedLayerNormalization's mean and inv_std_var sit before the sum the rule needs: a target may
+    name them `_name` and leave them unread; any other unread new value is still an error."""
+    from xrl.rewrite.lang import RuleSyntaxError, parse_rules
+
+    rule = """
+# Skip
+rule skip family=fusion
+  s = Add(a, b)
+  y = SimplifiedLayerNormalization(s, g)
+  =>
+  y, {m}, _inv, s = SkipSimplifiedLayerNormalization(a, b, g)
+  example a=[B, M, H], b=[B, M, H], g=[H]
+"""
+    (parsed,) = parse_rules(rule.format(m="_mean"))
+    assert parsed.roots == ("y", "s")
+    with pytest.raises(RuleSyntaxError, match="target computes 'mean' but nothing reads it"):
+        parse_rules(rule.format(m="mean"))

@@ -30,7 +30,8 @@ with `ast`:
   `ints(expr)` / `const(expr, like)` for new constant weights, `**a` to copy bound attributes,
   and plain aliases `y = x`. A target line that assigns a source value (y1 above) *redefines* it:
   every use of the old value now reads the new one. Source values the target does not redefine are
-  intermediates and must have no other consumer (unless `shared`).
+  intermediates and must have no other consumer (unless `shared`). A new value nothing reads is an
+  error, except one named `_name`: an output an op must have in its place (`y, _mean, _inv, s = ...`).
 - `example` lines give the verifier shapes to instantiate the rule with: `x=[B, M, K]` (symbols
   are drawn at random, `H=between(5, 9)` bounds one), `s=choice((1, 1), (2, 2))`, and value kinds
   `v=positive([C])`, `c=fill([1], 1.0)`.
