@@ -59,9 +59,9 @@ def main() -> None:
 
     from xrl.distributed.ray_collector import RayCollector
     from xrl.nn import GraphPolicy
+    from xrl.rl.config import env_kwargs, policy_config, take
     from xrl.rl.ppo import PPOConfig, ppo_update
     from xrl.rl.rollout import CollectorSpec, ProcessCollector
-    from xrl.rl.train import _take, env_kwargs, policy_config
 
     counts = [int(x) for x in args.workers.split(",")]
     graphs = args.graphs.split(",")
@@ -104,7 +104,7 @@ def main() -> None:
     ray.shutdown()
 
     # the learner: PPO on the last rollout with xrl train's default settings, seconds per env step
-    ppo = _take(PPOConfig, cfg["algo"], "algo", ignore=("name",))
+    ppo = take(PPOConfig, cfg["algo"], "algo", ignore=("name",))
     optimizer = torch.optim.Adam(policy.parameters(), lr=ppo.lr, eps=1e-5)
     times = []
     for _ in range(args.learner_rounds):

@@ -148,17 +148,17 @@ def test_train_warm_starts_from_teachers_and_selects_on_validation_graphs(tmp_pa
 
 def test_init_from_starts_a_run_from_a_policys_weights_and_checks_the_network(shipped, tmp_path):
     from xrl.nn import PolicyConfig
-    from xrl.rl.train import _init_weights, policy_config, train
+    from xrl.rl.train import init_weights, policy_config, train
 
     ckpt = load_policy(default_policy_path())[1]
     pcfg = PolicyConfig.from_dict(ckpt["policy_config"])
     fresh = GraphPolicy(pcfg)
-    _init_weights(fresh, pcfg, "default")
+    init_weights(fresh, pcfg, "default")
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), shipped.state_dict().values(),
                                                    strict=True))
     other = policy_config({"kind": "gat", "hidden": 16, "layers": 1, "heads": 1})
     with pytest.raises(ConfigError, match="init_from=default: its network"):
-        _init_weights(GraphPolicy(other), other, "default")
+        init_weights(GraphPolicy(other), other, "default")
     with pytest.raises(ConfigError, match="not both"):
         train({"updates": 1, "algo": {}, "model": {"kind": "gat"}, "graphs": {"train": ["mlp"]},
                "resume": "x.pt", "init_from": "default"}, tmp_path)

@@ -44,13 +44,13 @@ def test_workers_beyond_the_cores_are_refused_by_train_itself(tmp_path):
 
 def test_workers_that_do_not_fit_the_memory_are_refused(monkeypatch):
     from xrl.errors import ConfigError
-    from xrl.rl import train
+    from xrl.rl import config
 
-    monkeypatch.setattr(train, "_available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(config, "available_memory", lambda: 1 << 30)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     with pytest.raises(ConfigError, match="GiB available"):
-        train.check_settings({"workers": 4})
-    train.check_settings({"workers": 4, "collector": {"kind": "local"}})  # no processes: nothing to fit
+        config.check_settings({"workers": 4})
+    config.check_settings({"workers": 4, "collector": {"kind": "local"}})  # no processes: nothing to fit
 
 
 # ----- xrl sweep summarize ----------------------------------------------------------------------------

@@ -109,13 +109,13 @@ def test_bad_ray_settings_are_one_line_user_errors(cluster, override, needle, tm
 
 
 def test_an_unreachable_address_is_a_user_error_at_once():
-    from xrl.distributed.ray_collector import _probe
+    from xrl.distributed.ray_collector import probe_address
     from xrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cannot join the Ray cluster"):
-        _probe("127.0.0.1:1")  # nothing listens on port 1
+        probe_address("127.0.0.1:1")  # nothing listens on port 1
     with pytest.raises(ConfigError, match="host:port"):
-        _probe("nohost")
+        probe_address("nohost")
 
 
 def test_measurement_actors_and_the_shared_cache_across_nodes(cluster, tmp_path):

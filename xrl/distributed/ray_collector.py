@@ -1,6 +1,6 @@
 """Rollouts on Ray actors: `xrl train collector=ray` (conf/collector/ray.yaml).
 
-Each `RolloutActor` is the process collector's worker (`xrl.rl.rollout._Worker`: envs, policy copy,
+Each `RolloutActor` is the process collector's worker (`xrl.rl.rollout.Worker`: envs, policy copy,
 feature cache) living in a Ray actor, spread over the cluster's nodes. Per update the learner's weights
 are put in Ray's object store once and every actor plays `episodes_per_worker` whole episodes with them;
 the learner and PPO are unchanged.
@@ -32,7 +32,7 @@ from xrl.distributed.ray_service import (
     start_measurement_actors,
 )
 from xrl.errors import ConfigError, XrlError
-from xrl.rl.rollout import CollectorSpec, EpisodeRecord, Rollout, RolloutCollector, WorkerError, _Worker, shard, unshard
+from xrl.rl.rollout import CollectorSpec, EpisodeRecord, Rollout, RolloutCollector, Worker, WorkerError, shard, unshard
 
 ray = require_ray()
 
@@ -42,7 +42,7 @@ OPTIONS: dict[str, Any] = {"address": None, "actors": 2, "num_cpus_per_actor": 1
                            "measure_resources": {}, "shared_cache": True, "cache_path": None}
 
 
-class RolloutActor(_Worker):
+class RolloutActor(Worker):
     """A rollout worker in a Ray actor; its cost model may be a proxy to measurement actors."""
 
     def __init__(self, spec: CollectorSpec, index: int, measurers: Sequence[Any] = (), cache: Any = None) -> None:
@@ -121,6 +121,12 @@ class RayCollector(RolloutCollector):
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_config(cls, name: str, spec: CollectorSpec, workers: int, options: Mapping[str, Any]) -> RayCollector:
+        """`xrl train collector=ray` (registered in the entry-point group xrl.collectors): the number of
+        actors is `collector.actors`, not the top-level `workers`."""
+        return cls.from_options(spec, options)
 
     @classmethod
     def from_options(cls, spec: CollectorSpec, options: Mapping[str, Any]) -> RayCollector:
@@ -246,7 +252,7 @@ def connect(address: str | None, num_cpus: float = 0) -> bool:
     if ray.is_initialized():
         return False
     if address not in (None, "auto") and "://" not in address:
-        _probe(address)
+        probe_address(address)
     try:
         if address is None:
             ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)), include_dashboard=False)
@@ -257,7 +263,7 @@ def connect(address: str | None, num_cpus: float = 0) -> bool:
     return True
 
 
-def _probe(address: str, timeout_s: float = 5.0) -> None:
+def probe_address(address: str, timeout_s: float = 5.0) -> None:
     """ConfigError unless something listens at host:port (ray.init would retry an unreachable one for minutes)."""
     import socket
 

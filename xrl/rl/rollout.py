@@ -5,9 +5,11 @@ PPO asks a `RolloutCollector` for the experience of one update and never sees ho
     collect(weights, update) -> Rollout      episodes played with `weights`, seeded by (seed, update, worker)
     evaluate(weights, graphs) -> records      one greedy (argmax) episode per graph, not for training
 
-`LocalCollector` plays in this process; `ProcessCollector` gives each of N worker processes its own
-envs, policy copy and feature cache, and gathers their episodes in worker order. A distributed
-backend (Ray actors, a cluster queue) would implement the same two methods.
+A `Worker` holds one worker's envs, policy copy and feature cache and plays its share; `LocalCollector`
+runs its workers in this process, `ProcessCollector` gives each of N spawned processes one, and gathers
+their episodes in worker order. Another backend (Ray actors: `xrl.distributed.ray_collector`, a cluster
+queue) subclasses `RolloutCollector` (and usually wraps `Worker`) and registers itself in the entry-point
+group `xrl.collectors`; `xrl.rl.collectors.make_collector` picks one by the config's `collector.kind`.
 
 Every episode is played to its end, so an update's experience never depends on the previous
 update's unfinished episodes: given (seed, update) and the weights a rollout is reproducible,
@@ -143,8 +145,9 @@ def uphill_paid_off(costs: Sequence[float], rel_tol: float = 1e-9) -> bool:
     return False
 
 
-class _Worker:
-    """One worker's envs (one per graph, reused), policy copy and feature cache."""
+class Worker:
+    """One worker's envs (one per graph, reused), policy copy and feature cache; the building block of
+    every collector: it plays worker `index`'s share of an update, seeded by (seed, update, index)."""
 
     def __init__(self, spec: CollectorSpec, index: int, cost: Any = None) -> None:
         """`cost`: the CostModel to use instead of `spec.cost` (a distributed backend passes a proxy)."""
@@ -194,7 +197,26 @@ class _Worker:
                 for n in names]
 
 
+def refuse_options(name: str, options: Mapping[str, Any]) -> None:
+    """ConfigError naming the settings of a `collector` section that collector `name` has none of."""
+    if options:
+        from xrl.errors import ConfigError
+
+        raise ConfigError(f"collector {name!r} has no setting {', '.join(map(repr, sorted(options)))} "
+                          "(the number of processes is the top-level `workers`)")
+
+
 class RolloutCollector(ABC):
+    """Plays the episodes PPO learns from. A plug-in subclasses it and is listed in the entry-point group
+    `xrl.collectors` under the name `collector.kind` selects (see xrl.rl.collectors)."""
+
+    @classmethod
+    def from_config(cls, name: str, spec: CollectorSpec, workers: int, options: Mapping[str, Any]) -> RolloutCollector:
+        """The collector for `xrl train collector=<name>`: `workers` is the top-level setting, `options` the
+        rest of the `collector` section (without `kind`). By default: no options, `workers` workers."""
+        refuse_options(name, options)
+        return cls(spec, workers)  # type: ignore[call-arg]
+
     @abstractmethod
     def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
         """The experience of update `update`, played with policy `weights`."""
@@ -217,7 +239,12 @@ class LocalCollector(RolloutCollector):
     """Plays in this process: `workers` logical workers, one after the other (same seeds as ProcessCollector)."""
 
     def __init__(self, spec: CollectorSpec, workers: int = 1) -> None:
-        self.workers = [_Worker(spec, i) for i in range(max(workers, 1))]
+        self.workers = [Worker(spec, i) for i in range(max(workers, 1))]
+
+    @classmethod
+    def from_config(cls, name: str, spec: CollectorSpec, workers: int, options: Mapping[str, Any]) -> RolloutCollector:
+        refuse_options(name, options)
+        return cls(spec, 1)  # one worker: the top-level `workers` counts processes
 
     def collect(self, weights: Mapping[str, torch.Tensor], update: int) -> Rollout:
         t0 = time.perf_counter()
@@ -241,7 +268,7 @@ def _error_reply(e: Exception) -> bytes:
 def _worker_main(spec: CollectorSpec, index: int, conn: Any) -> None:
     torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
     try:
-        worker = _Worker(spec, index)
+        worker = Worker(spec, index)
     except Exception as e:
         conn.send_bytes(_error_reply(e))
         conn.close()
@@ -284,6 +311,11 @@ class ProcessCollector(RolloutCollector):
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_config(cls, name: str, spec: CollectorSpec, workers: int, options: Mapping[str, Any]) -> RolloutCollector:
+        refuse_options(name, options)
+        return cls(spec, workers) if workers > 0 else LocalCollector(spec, 1)  # 0 workers: play in this process
 
     def _replies(self, n: int) -> list[Any]:
         results = []
@@ -340,25 +372,3 @@ def unshard(parts: Sequence[Sequence[EpisodeRecord]], n: int, total: int) -> lis
     """The records of `shard`'s shards back in the order of the graphs."""
     by_index = {i + j * n: rec for i, part in enumerate(parts) for j, rec in enumerate(part)}
     return [by_index[k] for k in range(total)]
-
-
-def make_collector(spec: CollectorSpec, workers: int, options: Mapping[str, Any] | None = None) -> RolloutCollector:
-    """The collector `options` (the `collector` config section) names; without it, `workers` processes,
-    or this process alone for workers <= 0.
-
-    kind: process (`workers` processes; 0: local), local (this process), ray (actors: xrl.distributed).
-    """
-    opts = dict(options or {})
-    kind = opts.pop("kind", "process")
-    if kind == "ray":
-        from xrl.distributed.ray_collector import RayCollector
-
-        return RayCollector.from_options(spec, opts)
-    from xrl.errors import ConfigError
-
-    if kind not in ("process", "local"):
-        raise ConfigError(f"unknown collector {kind!r}; choose one of: process, local, ray")
-    if opts:
-        raise ConfigError(f"collector {kind!r} has no setting {', '.join(map(repr, sorted(opts)))} "
-                          "(the number of processes is the top-level `workers`)")
-    return ProcessCollector(spec, workers) if kind == "process" and workers > 0 else LocalCollector(spec, 1)

@@ -7,11 +7,11 @@ policy returns (masked categorical, value), which is all `ppo_update` asks of a 
 PPO rather than sb3-contrib's MaskablePPO means `xrl train` needs no optional dependency and writes
 what every xrl training writes (metrics.jsonl, learning curves, last.pt / best.pt, exact resume).
 
-    for update in range(updates):
-        episodes_per_worker * max(workers, 1) whole episodes, in this process (passes are memoised
-        per (graph, pass), so after the first visits an episode costs almost nothing)
-        ppo_update(...)
-        every eval_every updates: the greedy (argmax) order on every train and held-out graph
+The loop is the one every training runs (`xrl.rl.loop.run`); `PassOrderingTask` supplies its pieces:
+
+    collect      episodes_per_worker * max(workers, 1) whole episodes, in this process (passes are memoised
+                 per (graph, pass), so after the first visits an episode costs almost nothing)
+    evaluate     the greedy (argmax) order on every train and held-out graph
 
 Metrics: `speedup/<graph>` and `eval_speedup/<graph>` are the improvement over xrl's default pass
 order in op count (ops after the default order / ops after the agent's; > 1: the agent's order removes
@@ -20,8 +20,6 @@ more), so `xrl sweep summarize` and the sweep objective read them like the rewri
 
 from __future__ import annotations
 
-import math
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -32,13 +30,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from xrl.env.pass_order import PASSES, PassOrderingEnv, default_order, run_order, suite_graphs  # noqa: F401 - callers import suite_graphs from here too
+from xrl.env.pass_env import PassOrderingEnv
+from xrl.env.pass_eval import evaluate_orders, geomean, greedy_policy, run_order, suite_graphs  # noqa: F401 - callers import suite_graphs from here too
+from xrl.env.passes import PASSES, default_order, op_vocab
 from xrl.errors import ConfigError
 from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state, verify_checksum
-from xrl.rl.loggers import make_logger, plot_learning_curves
-from xrl.rl.ppo import PPOConfig, RolloutBatch, ppo_update
+from xrl.rl.config import take, typed
+from xrl.rl.loop import Experience, RunState, TrainingTask, TrainSummary, run, seed_everything
+from xrl.rl.ppo import PPOConfig, RolloutBatch
 from xrl.rl.rollout import EpisodeRecord
-from xrl.rl.train import TrainSummary, _episode_metrics, _eval_metrics, _take, _typed
 
 FORMAT = "xrl-pass-policy/1"
 ENV_DEFAULTS: dict[str, Any] = {"name": "pass_ordering", "horizon": len(PASSES), "reward": "ops", "shaping": "none",
@@ -155,9 +155,7 @@ def load_pass_policy(path: str | Path) -> tuple[PassPolicy, dict[str, Any]]:
 
 
 def _obs_dim() -> int:
-    from xrl.env.pass_order import _op_vocab
-
-    return len(_op_vocab()) + 1 + len(PASSES)
+    return len(op_vocab()) + 1 + len(PASSES)
 
 
 # ----- configuration -------------------------------------------------------------------------------
@@ -167,7 +165,7 @@ def pass_env_settings(env: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"env (pass_ordering) has no setting {', '.join(map(repr, unknown))}; "
                           f"its settings: {', '.join(ENV_DEFAULTS)}")
-    s = {k: _typed(f"env.{k}", env.get(k, d), d) for k, d in ENV_DEFAULTS.items()}
+    s = {k: typed(f"env.{k}", env.get(k, d), d) for k, d in ENV_DEFAULTS.items()}
     if s["hidden"] < 1 or s["layers"] < 0:
         raise ConfigError("env.hidden must be at least 1 and env.layers at least 0")
     return s
@@ -233,118 +231,87 @@ def train_passes(c: dict[str, Any], out_dir: str | Path) -> TrainSummary:
     """Train a pass-ordering policy as the plain config `c` says (conf/train.yaml with env=pass_ordering)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    seed = _typed("seed", c.get("seed", 0), 0)
-    updates = _typed("updates", c["updates"], 0)
-    ppo = _take(PPOConfig, c["algo"], "algo", ignore=("name",))
-    settings = pass_env_settings(c.get("env", {}))
-    train_graphs = tuple(c["graphs"]["train"])
-    eval_graphs = tuple(c["graphs"].get("eval") or ())
-    if not train_graphs:
-        raise ConfigError("graphs.train is empty: name at least one built-in graph to train on")
-    episodes = _typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0) * max(
-        _typed("workers", c.get("workers", 2), 0), 1)
-    if episodes < 1:
-        raise ConfigError("episodes_per_worker must be at least 1")
-    device = (c.get("cost") or {}).get("device", "h100")
+    return run(PassOrderingTask(c), c, out)
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    ppo_rng = np.random.default_rng(seed)
-    play = Episodes(PassOrderingEnv(list(train_graphs), **env_kwargs_of(settings, device)))
-    play.env.reset(seed=seed)  # seeds the env's draw of a training graph per episode
-    policy = PassPolicy(PassPolicyConfig(_obs_dim(), len(PASSES), settings["hidden"], settings["layers"]))
-    optimizer = torch.optim.Adam(policy.parameters(), lr=ppo.lr, eps=1e-5)
-    start, env_steps, history, wandb_id, best_score = 0, 0, [], None, -math.inf
-    if c.get("resume"):
-        ckpt = load_pass_checkpoint(c["resume"])
+
+class PassOrderingTask(TrainingTask):
+    """A PassPolicy on one PassOrderingEnv over the training graphs: built, or restored from `resume`."""
+
+    label = "train passes"
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        self.config = c
+        seed = typed("seed", c.get("seed", 0), 0)
+        typed("updates", c["updates"], 0)  # checked before any work (the loop reads it)
+        self.ppo = take(PPOConfig, c["algo"], "algo", ignore=("name",))
+        settings = pass_env_settings(c.get("env", {}))
+        self.train_graphs = tuple(c["graphs"]["train"])
+        self.eval_graphs = tuple(c["graphs"].get("eval") or ())
+        if not self.train_graphs:
+            raise ConfigError("graphs.train is empty: name at least one built-in graph to train on")
+        self.episodes = typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0) * max(
+            typed("workers", c.get("workers", 2), 0), 1)
+        if self.episodes < 1:
+            raise ConfigError("episodes_per_worker must be at least 1")
+        device = (c.get("cost") or {}).get("device", "h100")
+
+        self.ppo_rng = seed_everything(seed)
+        self.play = Episodes(PassOrderingEnv(list(self.train_graphs), **env_kwargs_of(settings, device)))
+        self.play.env.reset(seed=seed)  # seeds the env's draw of a training graph per episode
+        self.policy = PassPolicy(PassPolicyConfig(_obs_dim(), len(PASSES), settings["hidden"], settings["layers"]))
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.ppo.lr, eps=1e-5)
+        self.state = RunState()
+        if c.get("resume"):
+            self.restore(c["resume"], settings)
+
+    def restore(self, resume: str, settings: Mapping[str, Any]) -> None:
+        """Weights, optimizer, RNGs (PPO's and the env's) and run state of the checkpoint `resume`."""
+        ckpt = load_pass_checkpoint(resume)
         if "optimizer" not in ckpt:
-            raise CheckpointError(f"{c['resume']} holds a policy only; it cannot be resumed")
+            raise CheckpointError(f"{resume} holds a policy only; it cannot be resumed")
         if (ckpt["policy_config"]["hidden"], ckpt["policy_config"]["layers"]) != (settings["hidden"],
                                                                                   settings["layers"]):
-            raise ConfigError(f"{c['resume']} was trained with another env.hidden/env.layers; resume with the same")
-        policy.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        restore_rng(ckpt["rng"], ppo_rng)
-        play.env.np_random.bit_generator.state = ckpt["rng"]["env"]
-        start, env_steps = int(ckpt["update"]), int(ckpt["env_steps"])
-        history = list(ckpt.get("history", []))
-        wandb_id = ckpt.get("metadata", {}).get("wandb_id")
-        best_score = float(ckpt.get("metadata", {}).get("best_score", -math.inf))
-    if start >= updates:
-        raise ConfigError(f"the run already has {start} updates; raise `updates` above {start} to train further")
+            raise ConfigError(f"{resume} was trained with another env.hidden/env.layers; resume with the same")
+        self.policy.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        restore_rng(ckpt["rng"], self.ppo_rng)
+        self.play.env.np_random.bit_generator.state = ckpt["rng"]["env"]
+        self.state = RunState.from_checkpoint(ckpt)
 
-    log_cfg = c.get("logger", {}) or {}
-    logger = make_logger(log_cfg.get("kind", "none"), out, project=log_cfg.get("project", "xrl"),
-                         mode=log_cfg.get("mode", "offline"), name=log_cfg.get("name"), config=c,
-                         append=bool(c.get("resume")), wandb_id=wandb_id, group=log_cfg.get("group"),
-                         tags=log_cfg.get("tags"))
-    run_id = next((lg.run_id for lg in logger.loggers if hasattr(lg, "run_id")), None)
-    eval_every = _typed("eval_every", c.get("eval_every", 0), 0)
-    ckpt_every = _typed("checkpoint_every", c.get("checkpoint_every", 0), 0)
-    last_path, best_path = out / "last.pt", None
-    t_start = time.perf_counter()
+    def collect(self, update: int) -> Experience:
+        t0 = time.perf_counter()
+        self.policy.eval()
+        records, obs, acts, logps, vals, rews, dones = [], [], [], [], [], [], []
+        for _ in range(self.episodes):
+            rec, o, a, lp, v, r = self.play.play(self.policy)
+            records.append(rec)
+            obs += o
+            acts += a
+            logps += lp
+            vals += v
+            rews += r
+            dones += [0.0] * (len(a) - 1) + [1.0]
+        collect_s = time.perf_counter() - t0
+        batch = RolloutBatch(obs, torch.tensor(acts), torch.tensor(logps), torch.tensor(vals),  # type: ignore[arg-type]
+                             REWARD_SCALE * torch.tensor(rews), torch.tensor(dones))
+        return Experience(batch, records, collect_s)
 
-    def checkpoint(path: Path, update: int) -> Path:
-        rng = {**rng_state(ppo_rng), "env": play.env.np_random.bit_generator.state}
-        return save_pass_checkpoint(path, policy, optimizer=optimizer.state_dict(), update=update,
-                                    env_steps=env_steps, rng=rng, config=c, history=history,
-                                    metadata={"wandb_id": run_id, "best_score": best_score,
-                                              "train_graphs": list(train_graphs), "eval_graphs": list(eval_graphs)})
+    def evaluate(self, policy: nn.Module, graphs: Sequence[str]) -> list[EpisodeRecord]:
+        policy.eval()
+        return [self.play.play(policy, graph=g, greedy=True)[0] for g in graphs]  # type: ignore[arg-type]
 
-    from tqdm import tqdm
+    def save(self, path: Path, update: int, run_id: str | None, policy: nn.Module | None = None) -> Path:
+        s = self.state
+        rng = {**rng_state(self.ppo_rng), "env": self.play.env.np_random.bit_generator.state}
+        return save_pass_checkpoint(path, policy or self.policy, optimizer=self.optimizer.state_dict(),  # type: ignore[arg-type]
+                                    update=update, env_steps=s.env_steps, rng=rng, config=self.config,
+                                    history=s.history,
+                                    metadata={"wandb_id": run_id, "best_score": s.best_score,
+                                              "train_graphs": list(self.train_graphs),
+                                              "eval_graphs": list(self.eval_graphs)})
 
-    bar = tqdm(range(start, updates), initial=start, total=updates, desc="train passes", unit="update",
-               disable=not c.get("progress", True), dynamic_ncols=True)
-    try:
-        for update in bar:
-            if ppo.anneal_lr:
-                for group in optimizer.param_groups:
-                    group["lr"] = ppo.lr * (1.0 - update / updates)
-            t0 = time.perf_counter()
-            policy.eval()
-            records, obs, acts, logps, vals, rews, dones = [], [], [], [], [], [], []
-            for _ in range(episodes):
-                rec, o, a, lp, v, r = play.play(policy)
-                records.append(rec)
-                obs += o
-                acts += a
-                logps += lp
-                vals += v
-                rews += r
-                dones += [0.0] * (len(a) - 1) + [1.0]
-            collect_s = time.perf_counter() - t0
-            batch = RolloutBatch(obs, torch.tensor(acts), torch.tensor(logps), torch.tensor(vals),
-                                 REWARD_SCALE * torch.tensor(rews),
-                                 torch.tensor(dones))
-            t_upd = time.perf_counter()
-            stats = ppo_update(policy, optimizer, batch, ppo, ppo_rng)  # type: ignore[arg-type]
-            env_steps += len(batch)
-            metrics = {**_episode_metrics(records), **stats, "env_steps": float(env_steps), "states": float(len(batch)),
-                       "steps_per_s": len(batch) / max(collect_s, 1e-9), "collect_s": collect_s,
-                       "update_s": time.perf_counter() - t_upd, "lr": optimizer.param_groups[0]["lr"]}
-            done = update + 1
-            evaluated = (eval_every and done % eval_every == 0) or done == updates
-            if evaluated:
-                policy.eval()
-                evals = [play.play(policy, graph=g, greedy=True)[0] for g in dict.fromkeys(train_graphs + eval_graphs)]
-                metrics.update(_eval_metrics(evals, train_graphs))
-            metrics["time_s"] = time.perf_counter() - t_start
-            history.append({"update": done, **metrics})
-            logger.log(metrics, done)
-            if evaluated and metrics["eval_speedup_mean"] >= best_score:  # ties: the later, longer-trained policy
-                best_score = metrics["eval_speedup_mean"]
-                best_path = checkpoint(out / "best.pt", done)
-            bar.set_postfix(vs_default=f"{metrics['speedup_mean']:.3f}", ret=f"{metrics['episode_return']:.2f}")
-            if (ckpt_every and done % ckpt_every == 0) or done == updates:
-                checkpoint(last_path, done)
-    finally:
-        logger.close()
-        bar.close()
-    curves = plot_learning_curves(history, out / "learning_curves.png")
-    if best_path is None and (out / "best.pt").exists():
-        best_path = out / "best.pt"
-    return TrainSummary(out, updates, env_steps, time.perf_counter() - t_start, last_path, best_path, history, curves)
+    def progress(self, metrics: Mapping[str, float]) -> dict[str, str]:
+        return {"vs_default": f"{metrics['speedup_mean']:.3f}", "ret": f"{metrics['episode_return']:.2f}"}
 
 
 # ----- evaluation (xrl eval --env pass_ordering) ---------------------------------------------------
@@ -353,8 +320,6 @@ def evaluate_passes(policy_path: str | None, graphs: Sequence[tuple[str, Any]], 
     """Per graph: op counts at the start, after the default order and after the agent's order, the
     improvements (start / after) of both, the ratio (default / agent), and the ratio's geomean.
     Without a policy the agent is the one-step lookahead (`greedy_policy`)."""
-    from xrl.env.pass_order import evaluate_orders, geomean, greedy_policy
-
     kwargs: dict[str, Any] = {"device": device}
     if policy_path:
         policy, ckpt = load_pass_policy(policy_path)
