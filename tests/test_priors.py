@@ -114,3 +114,15 @@ def test_optimize_with_a_uniform_prior_from_the_cli(capsys):
                          "--time-limit", "10")
     assert code == 0, err
     assert '"prior": "uniform"' in out
+
+
+def test_the_ablations_are_searches_compare_can_run(paper):
+    from xrl.search.compare import resolve_methods
+    from xrl.search.registry import run_search
+
+    assert resolve_methods("rl,rl-untrained,rl-uniform,rl-cost,rl-argmax")[1:] == (
+        "rl-untrained", "rl-uniform", "rl-cost", "rl-argmax")
+    out = run_search("rl-cost", resolve_graph("lora_qkv"), paper, seed=0, steps=None, time_limit=5, options={})
+    assert out.details["prior"] == "cost" and out.details["mode"] == "guided"
+    out = run_search("rl-argmax", resolve_graph("lora_qkv"), paper, seed=0, steps=None, time_limit=5, options={})
+    assert out.details["mode"] == "argmax"

@@ -23,3 +23,23 @@ def run_policy(*args: Any, **options: Any) -> SearchResult:
 # replace=False: a runner registered as "rl" in code before the first lookup is kept
 register_search("rl", run_policy, description="a trained policy (the shipped one unless --policy says otherwise)",
                 requires=("xrl.search.rl_search",), replace=False)
+
+
+def _rl_with(**preset: Any):  # noqa: ANN202 - a registry runner
+    """`--search rl` with options preset (the caller's own options win)."""
+
+    def runner(*args: Any, **options: Any) -> SearchResult:
+        return lazy_runner("xrl.search.rl_search", "run_rl")(*args, **{**preset, **options})
+
+    return runner
+
+
+# Issue 24's ablations as searches of their own, so `xrl compare --methods rl,rl-untrained,rl-uniform,rl-cost,
+# rl-argmax` runs them beside the other searches on a user's graphs: the same guided search under another prior
+# (xrl.rl.priors), or the trained policy's argmax rollout alone.
+for _name, _preset, _what in (
+        ("rl-untrained", {"prior": "untrained"}, "the guided search under the policy's network untrained (--seed)"),
+        ("rl-uniform", {"prior": "uniform"}, "the guided search under a uniform prior"),
+        ("rl-cost", {"prior": "cost"}, "the guided search under a softmax over each rewrite's estimated gain"),
+        ("rl-argmax", {"mode": "argmax"}, "the trained policy's argmax rollout alone")):
+    register_search(_name, _rl_with(**_preset), description=_what, requires=("xrl.search.rl_search",), replace=False)
