@@ -26,22 +26,14 @@ from torch import Tensor, nn
 from xrl.env.observation import MAX_ADDED
 from xrl.features.featurize import EDGE_DIM, GLOBAL_DIM, NODE_DIM, OP_VOCAB
 from xrl.features.metagraph import CAND_DIM, STATE_DIM
-from xrl.nn.encoders import EncoderConfig, GraphEncoder, mlp, with_reverse_edges
+from xrl.nn.encoders import EncoderConfig, GraphEncoder, mlp
 
 
 def encode_nodes(enc: GraphEncoder, x: Tensor, edge_index: Tensor, edge_attr: Tensor, u: Tensor,
                  batch: Tensor) -> tuple[Tensor, Tensor]:
     """(node states [N, H], graph embeddings [B, H]): GraphEncoder.forward, keeping the node states."""
-    num_graphs = u.size(0)
-    edge_index, edge_attr = with_reverse_edges(edge_index, edge_attr)
-    h, e, g = enc.node_in(x), enc.edge_in(edge_attr), enc.global_in(u)
-    if enc.edge_update is not None:
-        src, dst = edge_index
-        e = e + enc.edge_update(torch.cat([h[src], h[dst], e], dim=1))
-    for conv, norm in zip(enc.convs, enc.norms):
-        out = conv(h, edge_index) if enc.cfg.kind == "gcn" else conv(h, edge_index, edge_attr=e)
-        h = norm(h + enc.dropout(torch.relu(out)))
-    return h, enc.readout(torch.cat([g, enc.pool(h, batch, num_graphs)], dim=1))
+    h = enc.node_states(x, edge_index, edge_attr)[-1]
+    return h, enc.readout(torch.cat([enc.global_in(u), enc.pool(h, batch, u.size(0))], dim=1))
 
 
 class XrlFeaturesExtractor(BaseFeaturesExtractor):

@@ -17,7 +17,7 @@ encoder (`GraphEncoder.encode_incremental`) recomputes layer l only where level 
 states elsewhere: exactly the full re-encoding, up to float rounding (tests/test_incremental_encoding.py).
 
 No candidate graph is built: the region comes from the rewrite's delta (`removed`, `added`, `rename`,
-`new_types`, `weights`: xrl.rewrite.engine.Candidate) and follows `Graph.replace` (renamed uses, values
+`new_types`, `weights`: xrl.rewrite.candidate.Candidate) and follows `Graph.replace` (renamed uses, values
 and weights nobody reads any more dropped). `IncrementalMeta` is the observation: the states' graphs
 and the regions of all their candidates, collated like `MetaGraph`, and as compact to keep in a rollout.
 """
