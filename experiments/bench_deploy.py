@@ -151,7 +151,7 @@ def make_xrl(src: Path, dst: Path, time_limit: float, seed: int) -> dict:
     cmd = [xrl_binary(), "optimize", str(src), "-o", str(dst), "--force", "--json",
            "--time-limit", str(time_limit), "--seed", str(seed)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=time_limit + 900)
+        proc, peak = run_with_peak(cmd, timeout=time_limit + 900)
     except subprocess.TimeoutExpired:
         raise PeerError(f"xrl optimize did not finish within {time_limit + 900:.0f} s") from None
     if proc.returncode != 0:
@@ -162,7 +162,42 @@ def make_xrl(src: Path, dst: Path, time_limit: float, seed: int) -> dict:
         raise PeerError(f"xrl optimize reports verified=false (max_abs_err {report.get('max_abs_err')})")
     if not dst.exists():
         raise PeerError("xrl optimize exited 0 but wrote no file")
-    return report
+    return {**report, "peak_rss": peak}
+
+
+def run_with_peak(cmd: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, int]:
+    """subprocess.run(cmd, capture_output=True, text=True), and the peak resident memory of its process tree
+    (children included: the pre-passes run in one), summed over the tree every 50 ms."""
+    import threading
+
+    import psutil
+
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(popen.pid)
+        while not done.is_set():
+            total = 0
+            with contextlib.suppress(psutil.Error):
+                for proc in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        total += proc.memory_info().rss
+            peak[0] = max(peak[0], total)
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.communicate()
+        raise
+    finally:
+        done.set()
+        sampler.join()
+    return subprocess.CompletedProcess(cmd, popen.returncode, out, err), peak[0]
 
 
 def parse_json(text: str) -> dict:
@@ -394,14 +429,17 @@ def markdown(results: list[Result], args, threads_list: list[str], elapsed_s: fl
                         and r.timings[threads][p].speedup is not None]
                 gm.append(geomean_cell(vals))
             lines.append(f"| **geomean, {label}** | | {threads} | | " + " | ".join(gm) + " | | | |")
-    lines += ["", "Node counts of the written files:", "",
-              "| model | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A") + " |",
-              "|---|---|" + "---:|" * (len(VARIANTS) - 1)]
+    lines += ["", "Node counts of the written files, and the peak resident memory of `xrl optimize` (its process "
+              "tree, sampled every 50 ms):", "",
+              "| model | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A") + " | xrl peak memory GiB |",
+              "|---|---|" + "---:|" * len(VARIANTS)]
     for res in results:
         if res.error is None:
             counts = [res.variants[v] for v in VARIANTS if v != "A/A"]
+            peak = res.variants["xrl"].extra.get("peak_rss")
             lines.append(f"| {res.model} | {res.exporter} | "
-                         + " | ".join("" if v.nodes is None else str(v.nodes) for v in counts) + " |")
+                         + " | ".join("" if v.nodes is None else str(v.nodes) for v in counts)
+                         + (f" | {peak / 2 ** 30:.2f} |" if peak else " | |"))
     notes = []
     for res in results:
         if res.error is not None:

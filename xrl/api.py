@@ -221,12 +221,14 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     if _guard_on(guard, tgt, device):
         from xrl.cost.guard import GuardCandidate, measure_guard
 
+        # each candidate with the graph its file is exported from, not the file: a model's worth of weights
+        # apiece while the guard runs; the chosen one is exported again (to_onnx is deterministic)
         candidates = []
         if start is not loaded.graph:
             pre_export = to_onnx(start)
             if compare_models(loaded.reference, pre_export, seed=seed, trials=verify_trials).ok:
-                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)),
-                                   pre_export))
+                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)), start))
+            del pre_export
         candidates.append((GuardCandidate("search", written), exported))
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
                                             loaded, verify_trials)
@@ -244,10 +246,10 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
             check = compare_models(loaded.reference, reference, seed=seed, trials=1)
         elif chosen[0].label == "pre-pass":
-            written, exported = chosen[0].graph, chosen[1]
+            written, exported = chosen[0].graph, to_onnx(chosen[1])
             outcome = SearchResult(graph=start, details=outcome.details)
         elif chosen[0].label == roofline_label(search):
-            written, exported = chosen[0].graph, chosen[1]
+            written, exported = chosen[0].graph, to_onnx(chosen[1])
             outcome = SearchResult(graph=written, steps=alternative[2], details=outcome.details)
         optimized_cost = cost_model.cost(written)
         guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
@@ -298,7 +300,7 @@ def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt:
     estimate ranks every rewrite as the machine does
     (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
     some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
-    Returns (candidate, its ONNX model, its rewrites), or None."""
+    Returns (candidate, the graph its ONNX model is exported from, its rewrites), or None."""
     from xrl.cost.guard import GuardCandidate
     from xrl.cost.kernel_measured import MeasuredKernelCostModel
     from xrl.frontends.onnx_io import from_onnx, to_onnx
@@ -308,11 +310,12 @@ def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt:
         return None
     roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
     outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
-    exported = to_onnx(outcome.graph.validate())
+    best = outcome.graph.validate()
+    exported = to_onnx(best)
     if not compare_models(loaded.reference, exported, seed=seed, trials=trials).ok:
         return None
     candidate = GuardCandidate(roofline_label(search), from_onnx(exported, name=loaded.graph.name))
-    return candidate, exported, list(outcome.steps)
+    return candidate, best, list(outcome.steps)
 
 
 def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:

@@ -113,9 +113,8 @@ class OrtCostModel(WholeGraphCostModel):
         if self.options.threads:
             so.intra_op_num_threads = self.options.threads
         so.log_severity_level = 3  # errors only: no warnings per session in a search loop
-        model = to_onnx(graph, opset=self.options.opset)
         try:
-            return ort.InferenceSession(model.SerializeToString(), so, providers=list(self.providers))
+            return _open_session(to_onnx(graph, opset=self.options.opset), so, list(self.providers))
         except Exception as e:  # onnxruntime raises its own untyped Fail/InvalidGraph/NotImplemented
             raise OrtSessionError(f"onnxruntime cannot load graph {graph.name!r} ({brief_error(e)}); "
                                   f"cost it with the 'analytic' model instead") from e
@@ -128,6 +127,32 @@ class OrtCostModel(WholeGraphCostModel):
         # one intra-op thread computes on the caller: its CPU time is what the graph costs, whatever else runs
         return time_callable(run, warmup=self.options.warmup, repeats=self.options.repeats,
                              clock=calling_thread_clock(not cuda, self.options.threads))
+
+
+def _open_session(model: Any, so: Any, providers: list[str]) -> onnxruntime.InferenceSession:
+    """A session of `model` (an onnx.ModelProto, consumed) that leaves no copy of its weights behind: the
+    model and its serialised bytes are dropped as soon as onnxruntime has read them, so a measurement holds
+    the session's weights alone (the guard times a fresh session per graph per round). Weights past
+    protobuf's 2 GiB go through a temporary file with external data."""
+    import tempfile
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, save_onnx, trim_heap
+
+    if sum(t.ByteSize() for t in model.graph.initializer) > EXTERNAL_DATA_THRESHOLD:
+        with tempfile.TemporaryDirectory(prefix="xrl-ort-") as d:
+            path = save_onnx(model, Path(d) / "model.onnx")
+            del model
+            session = ort.InferenceSession(str(path), so, providers=providers)
+    else:
+        data = model.SerializeToString()
+        del model
+        session = ort.InferenceSession(data, so, providers=providers)
+        del data
+    trim_heap()
+    return session
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:

@@ -273,6 +273,8 @@ def _import_node(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], type
                  label: str) -> Node:
     op = n.op_type
     domain = "" if n.domain in DEFAULT_DOMAINS or ir_op(op, n.domain) else n.domain
+    if domain == "" and not ir_op(op, n.domain) and op in OPS:
+        domain = "ai.onnx"  # a standard op named as a contrib op of another domain (RotaryEmbedding): opaque
     attrs = {a.name: _attr_value(a, f"{name!r} ({op})", label) for a in n.attribute}
     inputs = list(n.input)
     if domain == "":
@@ -481,8 +483,9 @@ class _Exporter:
         inputs = [self.r(v) if v else "" for v in n.inputs]
         outputs = [self.r(v) for v in n.outputs]
         attrs = dict(n.attrs)
-        if n.domain != "" or onnx_domain(n.op):
-            self.emit(n.op, inputs, outputs, attrs, n.name, n.domain or onnx_domain(n.op))
+        if n.domain != "" or onnx_domain(n.op):  # ("ai.onnx": a standard op kept opaque, written as imported)
+            self.emit(n.op, inputs, outputs, attrs, n.name, onnx_domain(n.op) if n.domain == "" else
+                      "" if n.domain == "ai.onnx" else n.domain)
             return
         act = attrs.pop("activation", None) if n.op in _FUSED_OPS else None
         if n.op == "Cast":
@@ -543,7 +546,10 @@ class _Exporter:
             self.export_node(n)
         for v, name in self.identities:
             self.emit("Identity", [self.r(v)], [name], {}, self.fresh(f"{name}_identity"))
-        graph = onnx.GraphProto(name=g.name)
+        # filled in place: helper.make_model copies a finished GraphProto, weights and all
+        model = onnx.ModelProto()
+        graph = model.graph
+        graph.name = g.name
         graph.node.extend(self.nodes)
         graph.input.extend(_value_info(v, g.types[v]) for v in g.inputs)
         graph.output.extend(_value_info(name, g.type_of(v)) for v, name in zip(g.outputs, g.output_names))
@@ -555,8 +561,10 @@ class _Exporter:
         for k, arr in self.consts.items():
             _fill_tensor(graph.initializer.add(), k, arr)
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.domains.items())]
-        return helper.make_model(graph, opset_imports=opsets, producer_name="xrl",
-                                 ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+        model.opset_import.extend(opsets)
+        model.producer_name = "xrl"
+        model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+        return model
 
 
 def _fill_tensor(t: TensorProto, name: str, arr: np.ndarray) -> None:

@@ -206,46 +206,58 @@ def _scratch_cwd():
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _in_child(name: str, data: bytes, conn, parent: int) -> None:  # noqa: ANN001 - a multiprocessing Connection
+def _in_child(name: str, model: onnx.ModelProto, result: str, conn, parent: int) -> None:  # noqa: ANN001
+    # `model` is the parent's own object, inherited by the fork (nothing serialised on the way in); the
+    # pass's output goes to the file `result`, and the pipe carries only (written?, detail, error)
     _die_with_parent(parent)
     try:
         with _scratch_cwd():
-            out, detail = _RUNNERS[name](onnx.load_from_string(data))
-        conn.send((out.SerializeToString() if out is not None else None, detail, None))
+            out, detail = _RUNNERS[name](model)
+        changed = out is not None and out is not model
+        if changed:
+            with open(result, "wb") as f:
+                f.write(out.SerializeToString())
+        conn.send((changed, detail, None))
     except Exception as e:  # reported by the parent as a dropped pass
         from xrl.frontends.onnx_io import brief_error
 
-        conn.send((None, "", brief_error(e)))
+        conn.send((False, "", brief_error(e)))
     finally:
         conn.close()
 
 
 def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tuple[onnx.ModelProto, str]:
     """Run a pass in a child process that is killed after `timeout` seconds: the libraries have no time
-    limit of their own, and some of their passes are quadratic in the node count."""
+    limit of their own, and some of their passes are quadratic in the node count. The child is a fork: it
+    reads the model where the parent holds it and writes its result to a file, so neither side keeps a
+    serialised copy of the model while the pass runs."""
     if timeout is None or timeout == float("inf"):
         with _scratch_cwd():
             return _RUNNERS[name](model)
     import multiprocessing as mp
+    import tempfile
 
     ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_in_child, args=(name, model.SerializeToString(), child, os.getpid()), daemon=True)
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(timeout):
-            raise TimeoutError(f"took longer than {timeout:.0f} s")
-        data, detail, error = parent.recv()
-    except EOFError:
-        raise RuntimeError(f"the pass's process ended without a result (exit code {proc.exitcode})") from None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-    if error:
-        raise RuntimeError(error)
-    return (onnx.load_from_string(data) if data is not None else model), detail
+    with tempfile.TemporaryDirectory(prefix="xrl-prepass-out-") as scratch:
+        result = os.path.join(scratch, "result.onnx")
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_in_child, args=(name, model, result, child, os.getpid()), daemon=True)
+        proc.start()
+        child.close()
+        try:
+            if not parent.poll(timeout):
+                raise TimeoutError(f"took longer than {timeout:.0f} s")
+            changed, detail, error = parent.recv()
+        except EOFError:
+            raise RuntimeError(f"the pass's process ended without a result (exit code {proc.exitcode})") from None
+        finally:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+            proc.close()  # the Process object keeps its arguments (the model) until closed
+        if error:
+            raise RuntimeError(error)
+        return (onnx.load(result) if changed else model), detail
 
 
 def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,

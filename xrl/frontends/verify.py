@@ -20,7 +20,7 @@ from onnx import helper
 
 from xrl.errors import DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
-from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, save_onnx
+from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, save_onnx, trim_heap
 from xrl.ir import Graph
 from xrl.quiet import quiet_onnxruntime
 
@@ -135,13 +135,20 @@ def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str 
     so = ort.SessionOptions()
     so.intra_op_num_threads = os.cpu_count() or 1
     so.log_severity_level = 3  # errors only
+    # a few runs on random inputs: packing the weights ahead of them would hold a second copy of every
+    # MatMul's and Conv's weights for the session's life, for no gain
+    so.add_session_config_entry("session.disable_prepacking", "1")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
     try:
         if sum(t.ByteSize() for t in model.graph.initializer) > EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory() as d:  # too big for one protobuf: go through a file
                 path = save_onnx(model, Path(d) / "model.onnx")
                 return ort.InferenceSession(str(path), so, providers=providers)
-        return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        data = model.SerializeToString()
+        session = ort.InferenceSession(data, so, providers=providers)
+        del data  # the session has its own copy of every weight: the bytes go now, not when the caller returns
+        trim_heap()
+        return session
     except Exception as e:
         foreign = _foreign_nodes(model)
         if foreign:  # say which op it is, not just onnxruntime's "not a registered function/op"
@@ -188,16 +195,21 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, se
     specs, problem = _joint_specs(reference, candidate)
     if problem:
         return VerifyResult(False, inf, inf, 0, problem)
+    # One session at a time: each holds a copy of its model's weights (and onnxruntime's pre-packed forms of
+    # them), so the reference's outputs for every trial are taken, and its session dropped, before the
+    # candidate's session is made. Outputs are small; weights are what a session costs.
     ref_session = _session(reference, None, "reference")
+    ref_outs = [_run(ref_session, make_feeds(specs, seed + t), "reference") for t in range(trials)]
+    del ref_session
+    trim_heap()
     try:
         cand_session = _session(candidate, None, "candidate")
     except VerificationError as e:
         return VerifyResult(False, inf, inf, 0, str(e))
     names = [o.name for o in reference.graph.output]
     max_abs = max_rel = 0.0
-    for t in range(trials):
+    for t, ref_out in enumerate(ref_outs):
         feeds = make_feeds(specs, seed + t)
-        ref_out = _run(ref_session, feeds, "reference")
         try:
             cand_out = _run(cand_session, feeds, "candidate")
         except VerificationError as e:
