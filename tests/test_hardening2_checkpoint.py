@@ -99,16 +99,10 @@ def test_an_old_checkpoint_without_checksum_loads_with_a_warning(saved):
 
 
 def test_pass_ordering_checkpoints_are_checked_too(tmp_path):
-    from xrl.rl.train_passes import (
-        PASSES,
-        PassPolicy,
-        PassPolicyConfig,
-        _obs_dim,
-        load_pass_checkpoint,
-        save_pass_checkpoint,
-    )
+    from xrl.env.passes import PASSES
+    from xrl.rl.pass_policy import PassPolicy, PassPolicyConfig, load_pass_checkpoint, obs_dim, save_pass_checkpoint
 
-    path = save_pass_checkpoint(tmp_path / "p.pt", PassPolicy(PassPolicyConfig(_obs_dim(), len(PASSES), 8, 1)))
+    path = save_pass_checkpoint(tmp_path / "p.pt", PassPolicy(PassPolicyConfig(obs_dim(), len(PASSES), 8, 1)))
     load_pass_checkpoint(path)
     _tamper(path, _one_weight)
     with pytest.raises(CheckpointError, match="checksum"):

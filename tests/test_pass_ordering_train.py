@@ -13,8 +13,8 @@ from xrl.cli import main
 from xrl.cli.rl_commands import CONF_DIR
 from xrl.env.pass_order import PASSES, evaluate_orders, geomean, greedy_policy
 from xrl.rl.checkpoint import default_policy_path
+from xrl.rl.pass_policy import FORMAT, load_pass_checkpoint, load_pass_policy
 from xrl.rl.train import train
-from xrl.rl.train_passes import FORMAT, load_pass_checkpoint, load_pass_policy
 
 # The two tiny graphs, one process, a small network: a few seconds per run.
 FAST = ["env=pass_ordering", "graphs=small", "episodes_per_worker=2", "workers=1", "eval_every=1", "logger=none",

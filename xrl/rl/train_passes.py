@@ -1,11 +1,12 @@
 """`xrl train env=pass_ordering`: PPO on xrl/PassOrdering-v0 (which compiler pass next), and its evaluation.
 
 The observation is a fixed-length vector (op-type counts, episode progress, which passes are idle), so
-the policy is a small MLP actor-critic (`PassPolicy`), trained by xrl's own clipped PPO
-(`xrl.rl.ppo.ppo_update`, the update the graph policy uses): a `PassObs` collates into tensors and the
-policy returns (masked categorical, value), which is all `ppo_update` asks of a policy. Keeping xrl's
-PPO rather than sb3-contrib's MaskablePPO means `xrl train` needs no optional dependency and writes
-what every xrl training writes (metrics.jsonl, learning curves, last.pt / best.pt, exact resume).
+the policy is a small MLP actor-critic (`PassPolicy`; it and its checkpoints: `xrl.rl.pass_policy`), trained
+by xrl's own clipped PPO (`xrl.rl.ppo.ppo_update`, the update the graph policy uses): a `PassObs` collates
+into tensors and the policy returns (masked categorical, value), which is all `ppo_update` asks of a
+policy. Keeping xrl's PPO rather than sb3-contrib's MaskablePPO means `xrl train` needs no optional
+dependency and writes what every xrl training writes (metrics.jsonl, learning curves, last.pt / best.pt,
+exact resume).
 
 The loop is the one every training runs (`xrl.rl.loop.run`); `PassOrderingTask` supplies its pieces:
 
@@ -22,140 +23,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from xrl.env.pass_env import PassOrderingEnv
 from xrl.env.pass_eval import evaluate_orders, geomean, greedy_policy, run_order, suite_graphs  # noqa: F401 - callers import suite_graphs from here too
-from xrl.env.passes import PASSES, default_order, op_vocab
+from xrl.env.passes import PASSES, default_order
 from xrl.errors import ConfigError
-from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, restore_rng, rng_state, verify_checksum
+from xrl.rl.checkpoint import CheckpointError, restore_rng, rng_state
 from xrl.rl.config import take, typed
 from xrl.rl.loop import Experience, RunState, TrainingTask, TrainSummary, run, seed_everything
+from xrl.rl.pass_policy import (
+    PassObs,
+    PassPolicy,
+    PassPolicyConfig,
+    features,
+    load_pass_checkpoint,
+    load_pass_policy,
+    obs_dim,
+    save_pass_checkpoint,
+)
 from xrl.rl.ppo import PPOConfig, RolloutBatch
 from xrl.rl.rollout import EpisodeRecord
 
-FORMAT = "xrl-pass-policy/1"
 ENV_DEFAULTS: dict[str, Any] = {"name": "pass_ordering", "horizon": len(PASSES), "reward": "ops", "shaping": "none",
                                 "gamma": 0.99, "max_rewrites": None, "hidden": 64, "layers": 2}
-_MASKED = -1e8  # logit of a masked pass (not -inf: the entropy of a masked categorical stays finite)
 # The env's rewards are percentages (returns up to ~60); PPO sees them / 100 so that its value clipping
 # (algo.clip_coef on the value's change) works on returns of order 1, the scale it is tuned for.
 REWARD_SCALE = 0.01
-
-
-# ----- policy --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PassPolicyConfig:
-    obs_dim: int
-    num_actions: int
-    hidden: int = 64
-    layers: int = 2
-    passes: tuple[str, ...] = PASSES  # what the action indices mean; a checkpoint is refused if xrl's differ
-
-
-def features(obs: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The MLP's input: log op counts (graphs differ by 100x in size), progress, idle flags."""
-    return np.concatenate([np.log1p(np.asarray(obs["op_counts"], np.float32)), np.asarray(obs["progress"], np.float32),
-                           np.asarray(obs["idle"], np.float32)]).astype(np.float32)
-
-
-@dataclass
-class PassObs:
-    """One state as PPO stores it; `collate` is what `ppo_update` calls on a minibatch."""
-
-    x: np.ndarray
-    mask: np.ndarray
-
-    @staticmethod
-    def collate(items: Sequence[PassObs]) -> tuple[Tensor, Tensor]:
-        return (torch.as_tensor(np.stack([o.x for o in items])),
-                torch.as_tensor(np.stack([o.mask for o in items]), dtype=torch.bool))
-
-
-def _mlp(cfg: PassPolicyConfig, out: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    width = cfg.obs_dim
-    for _ in range(cfg.layers):
-        layers += [nn.Linear(width, cfg.hidden), nn.Tanh()]
-        width = cfg.hidden
-    return nn.Sequential(*layers, nn.Linear(width, out))
-
-
-class PassPolicy(nn.Module):
-    """Actor (a logit per pass, masked) and critic as two MLPs: rewards are percentages, so the value
-    loss is large, and a shared trunk would let it drown the policy's gradient (CleanRL/sb3 do the same)."""
-
-    def __init__(self, cfg: PassPolicyConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.actor = _mlp(cfg, cfg.num_actions)
-        self.critic = _mlp(cfg, 1)
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> tuple[torch.distributions.Categorical, Tensor]:
-        x, mask = batch
-        logits = self.actor(x).masked_fill(~mask, _MASKED)
-        return torch.distributions.Categorical(logits=logits), self.critic(x).squeeze(-1)
-
-    @torch.no_grad()
-    def act(self, obs: PassObs, greedy: bool) -> tuple[int, float, float]:
-        """(action, its log-prob, value) for one state; greedy: the most likely pass, else a sample."""
-        dist, value = self(PassObs.collate([obs]))
-        action = dist.probs.argmax(-1) if greedy else dist.sample()
-        return int(action), float(dist.log_prob(action)), float(value)
-
-    def chooser(self):  # noqa: ANN201 - an xrl.env.pass_order.Policy
-        """The greedy policy as `evaluate_orders` / `run_order` call it."""
-        self.eval()
-        return lambda env, obs: self.act(PassObs(features(obs), env.action_masks()), greedy=True)[0]
-
-
-# ----- checkpoints ---------------------------------------------------------------------------------
-def save_pass_checkpoint(path: Path, policy: PassPolicy, **entries: Any) -> Path:
-    cfg = asdict(policy.cfg)
-    cfg["passes"] = list(cfg["passes"])
-    return atomic_torch_save({"format": FORMAT, "policy_config": cfg,
-                              "model": {k: v.detach().cpu() for k, v in policy.state_dict().items()}, **entries}, path)
-
-
-def load_pass_checkpoint(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such pass-ordering checkpoint "
-                              "(train one with `xrl train env=pass_ordering`)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        found = ckpt.get("format") if isinstance(ckpt, dict) else None
-        raise CheckpointError(f"{path} is not a pass-ordering policy (format {found!r}, expected {FORMAT}); "
-                              "a rewrite policy is evaluated by `xrl eval` without --env pass_ordering")
-    verify_checksum(ckpt, path)
-    return ckpt
-
-
-def load_pass_policy(path: str | Path) -> tuple[PassPolicy, dict[str, Any]]:
-    ckpt = load_pass_checkpoint(path)
-    try:
-        cfg = PassPolicyConfig(**{**ckpt["policy_config"], "passes": tuple(ckpt["policy_config"]["passes"])})
-        policy = PassPolicy(cfg)
-        policy.load_state_dict(ckpt["model"])
-    except (KeyError, TypeError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: the stored policy does not fit this version of xrl ({e})") from None
-    if cfg.passes != PASSES or cfg.obs_dim != _obs_dim():
-        raise CheckpointError(f"{path} was trained on other passes or op types than this xrl has; retrain it")
-    policy.eval()
-    return policy, ckpt
-
-
-def _obs_dim() -> int:
-    return len(op_vocab()) + 1 + len(PASSES)
 
 
 # ----- configuration -------------------------------------------------------------------------------
@@ -258,7 +156,7 @@ class PassOrderingTask(TrainingTask):
         self.ppo_rng = seed_everything(seed)
         self.play = Episodes(PassOrderingEnv(list(self.train_graphs), **env_kwargs_of(settings, device)))
         self.play.env.reset(seed=seed)  # seeds the env's draw of a training graph per episode
-        self.policy = PassPolicy(PassPolicyConfig(_obs_dim(), len(PASSES), settings["hidden"], settings["layers"]))
+        self.policy = PassPolicy(PassPolicyConfig(obs_dim(), len(PASSES), settings["hidden"], settings["layers"]))
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.ppo.lr, eps=1e-5)
         self.state = RunState()
         if c.get("resume"):
