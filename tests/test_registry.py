@@ -232,6 +232,20 @@ def test_an_atomic_write_has_a_temporary_of_its_own_and_ordinary_permissions(tmp
     assert write_atomic(path, "text").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
+def test_compare_results_are_written_atomically(tmp_path, monkeypatch):
+    from xrl.search import compare
+    from xrl.search.compare import RunRecord, write_results
+
+    records = [RunRecord("mlp", "greedy", "ok", 1.0, 0.5, 2.0, 0.1, 3, True, 0.0, 5, 4)]
+    write_results(records, tmp_path)
+    before = (tmp_path / "results.csv").read_text()
+    monkeypatch.setattr(compare, "CSV_COLUMNS", compare.CSV_COLUMNS[:-1])  # the writer fails after the header
+    with pytest.raises(ValueError):
+        write_results(records, tmp_path)
+    assert (tmp_path / "results.csv").read_text() == before
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
 # ----- the one loader's rule -------------------------------------------------------------------
 def test_one_rule_decides_built_in_name_or_file_everywhere(tmp_path, monkeypatch):
     """A suffix, a slash or an existing file means a file; anything else names a built-in graph. The

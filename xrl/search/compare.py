@@ -278,11 +278,13 @@ def _verified(r: RunRecord) -> str:
 
 def write_results(records: Sequence[RunRecord], out_dir: str | Path, *, title: str = "xrl compare",
                   header: str = "") -> dict[str, Path]:
-    """results.csv, results.md and the two plots; returns their paths by name."""
+    """results.csv, results.md and the two plots, each written atomically; returns their paths by name."""
+    from xrl.atomic import atomic_write, write_atomic
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "results.csv", "md": out / "results.md"}
-    with paths["csv"].open("w", newline="") as f:
+    with atomic_write(paths["csv"]) as pending, pending.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for r in records:
@@ -290,7 +292,7 @@ def write_results(records: Sequence[RunRecord], out_dir: str | Path, *, title: s
         for s in summarize(records):
             w.writerow({"graph": "geomean", "method": s.method, "status": f"{s.runs_ok}/{s.runs} ok",
                         "speedup": s.geomean_speedup, "time_s": s.mean_time_s})
-    paths["md"].write_text(markdown_table(records, title=title, header=header))
+    write_atomic(paths["md"], markdown_table(records, title=title, header=header))
     paths.update(write_plots(records, out))
     return paths
 
@@ -341,7 +343,7 @@ def write_plots(records: Sequence[RunRecord], out_dir: Path) -> dict[str, Path]:
     ax.set_title("speedup per graph (verified results only)")
     ax.legend(fontsize="small", ncols=min(len(methods), 5))
     fig.tight_layout()
-    fig.savefig(paths["speedup_plot"], dpi=120)
+    _save_png(fig, paths["speedup_plot"])
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
@@ -356,6 +358,13 @@ def write_plots(records: Sequence[RunRecord], out_dir: Path) -> dict[str, Path]:
     ax.set_title("speedup against optimisation time")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(paths["time_plot"], dpi=120)
+    _save_png(fig, paths["time_plot"])
     plt.close(fig)
     return paths
+
+
+def _save_png(fig, path: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
+    from xrl.atomic import atomic_write
+
+    with atomic_write(path) as pending:
+        fig.savefig(pending.temp, dpi=120, format="png")  # the temporary's name has no .png to infer it from
