@@ -39,6 +39,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from xrl.stats import geomean
+
 GRAPHS = ("mlp", "lora_attention", "lora_decode", "lora_mlp", "inception_a_small", "fire_small", "fam_acnet_ts",
           "fam_attn_mha_ts", "tiny_cnn")
 SEARCHES = ("greedy", "beam", "taso", "tensat")
@@ -106,11 +108,6 @@ def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, bud
                                                      if r["budget"] == b and r["arm"] not in dict(priors)),
               file=sys.stderr, flush=True)
     return rows
-
-
-def geomean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x > 0 and not math.isnan(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
 
 def arms_of(rows: list[dict]) -> list[str]:
