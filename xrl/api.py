@@ -229,7 +229,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             if compare_models(loaded.reference, pre_export, seed=seed, trials=verify_trials).ok:
                 candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)), start))
             del pre_export
-        candidates.append((GuardCandidate("search", written), exported))
+        candidates.append((GuardCandidate("search", written), best))
+        exported = None  # the search's file too: exported again below if the guard keeps it
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
                                             loaded, verify_trials)
         if alternative is not None:
@@ -245,6 +246,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             written, exported = loaded.graph, reference
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
             check = compare_models(loaded.reference, reference, seed=seed, trials=1)
+        elif chosen[0].label == "search":
+            exported = to_onnx(best)
         elif chosen[0].label == "pre-pass":
             written, exported = chosen[0].graph, to_onnx(chosen[1])
             outcome = SearchResult(graph=start, details=outcome.details)
