@@ -180,7 +180,7 @@ def test_cuda_path_times_with_the_cuda_provider_at_the_session_boundary(monkeypa
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr(ort, "InferenceSession", session)
-    monkeypatch.setattr(ort_cost, "_runner", runner)
+    monkeypatch.setattr(ort_cost, "session_runner", runner)
     monkeypatch.setattr(devices, "gpu_model_names", lambda *a, **k: ["NVIDIA H100 80GB HBM3"])
     m = MeasuredKernelCostModel(target="ort-cuda", cache_path=cache_path, **FAST)
     assert m.cost(mlp()) > 0

@@ -57,7 +57,7 @@ import numpy as np
 import onnx
 
 from xrl.cost.base import Measurement
-from xrl.cost.op_measured import OpTimingCache, _cpu_model, _stable, cache_dir
+from xrl.cost.op_measured import OpTimingCache, cache_dir, cpu_model, stable_value
 from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_plan
 from xrl.cost.targets import TargetCostModel
 from xrl.cost.timing import calling_thread_clock, check_counts, summarize
@@ -118,7 +118,7 @@ def kernel_model(kernel: Kernel, graph: Graph) -> KernelModel:
             w = weights.get(v)
             if w is not None and w.size <= _SMALL_CONST and not np.issubdtype(w.dtype, np.floating):
                 consts[str(i)] = [int(x) for x in w.reshape(-1)]
-        entries.append({"op": n.op, "domain": n.domain, "attrs": {k: _stable(a) for k, a in n.attrs.items()},
+        entries.append({"op": n.op, "domain": n.domain, "attrs": {k: stable_value(a) for k, a in n.attrs.items()},
                         "in": [canon.get(v, "") for v in n.inputs], "consts": consts,
                         "out": [canon[v] for v in n.outputs]})
     values = [*acts, *weights, *(v for n in order for v in n.outputs)]
@@ -429,7 +429,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         NCHWc layout conversions onnxruntime put at its boundary (CPU convolutions)."""
         import onnxruntime as ort
 
-        from xrl.cost.ort import _runner, random_inputs
+        from xrl.cost.ort import random_inputs, session_runner
         from xrl.frontends.onnx_io import to_onnx
         from xrl.quiet import quiet_onnxruntime
 
@@ -455,7 +455,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         config = key or run_config(optimized, graph)
         run_key = key or hashlib.sha256(config.encode()).hexdigest()[:32]
         shapes = _reorder_shapes(optimized, graph) if cpu and level == "all" else []
-        return Prepared(_runner(sess, random_inputs(graph, self.seed), cuda=not cpu), run_key, config, shapes)
+        return Prepared(session_runner(sess, random_inputs(graph, self.seed), cuda=not cpu), run_key, config, shapes)
 
 
 def _is_default(name: str, value: Any, weighted: bool) -> bool:
@@ -570,5 +570,5 @@ def _device_id(provider: str, threads: int | None) -> str:
 
         where = "|".join(gpu_model_names()) or "unknown gpu"
     else:
-        where = _cpu_model()
+        where = cpu_model()
     return f"ort={ort.__version__}|{provider}|threads={threads or os.cpu_count()}|{where}|kernel-v2"

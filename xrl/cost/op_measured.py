@@ -188,7 +188,7 @@ class OpTimingCache:
 
 
 # ----- op configurations ----------------------------------------------------------------------
-def _stable(v: Any) -> Any:
+def stable_value(v: Any) -> Any:
     """A JSON-able value that prints the same in every process and numpy version."""
     if isinstance(v, np.ndarray):
         digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=16).hexdigest()
@@ -196,7 +196,7 @@ def _stable(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     if isinstance(v, (list, tuple)):
-        return [_stable(x) for x in v]
+        return [stable_value(x) for x in v]
     return v
 
 
@@ -213,7 +213,7 @@ def op_config(node: Node, graph: Graph, dtype: str = "float32") -> str:
             consts[str(i)] = [int(x) for x in w.reshape(-1)]
     return json.dumps({
         "op": node.op, "domain": node.domain,
-        "attrs": {k: _stable(val) for k, val in node.attrs.items()},
+        "attrs": {k: stable_value(val) for k, val in node.attrs.items()},
         "inputs": [str(graph.type_of(v)) if v else "" for v in node.inputs],
         "weights": [bool(v) and graph.is_weight(v) for v in node.inputs],
         "consts": consts,
@@ -292,7 +292,7 @@ class OpMeasuredCostModel(CostModel):
         import torch
 
         if self.device == "cpu":
-            return f"cpu|{_cpu_model()}|threads={self.threads}|torch={torch.__version__}"
+            return f"cpu|{cpu_model()}|threads={self.threads}|torch={torch.__version__}"
         timer = self.timer
         if timer == "auto":
             from xrl.cost import cuda_harness
@@ -368,7 +368,7 @@ class OpMeasuredCostModel(CostModel):
         return ort.measure(single)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -123,7 +123,7 @@ class OrtCostModel(WholeGraphCostModel):
         sess = self.session(graph)
         feeds = random_inputs(graph, self.options.seed)
         cuda = self.providers[0] == "CUDAExecutionProvider"
-        run = _runner(sess, feeds, cuda=cuda)
+        run = session_runner(sess, feeds, cuda=cuda)
         # one intra-op thread computes on the caller: its CPU time is what the graph costs, whatever else runs
         return time_callable(run, warmup=self.options.warmup, repeats=self.options.repeats,
                              clock=calling_thread_clock(not cuda, self.options.threads))
@@ -194,7 +194,7 @@ def _providers(device: str) -> tuple[str, ...]:
     return ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def _runner(sess: onnxruntime.InferenceSession, feeds: dict[str, Any], *, cuda: bool):
+def session_runner(sess: onnxruntime.InferenceSession, feeds: dict[str, Any], *, cuda: bool):
     """A no-argument callable that runs one inference to completion."""
     if not cuda:
         return lambda: sess.run(None, feeds)

@@ -16,7 +16,7 @@ from pathlib import Path
 from xrl.errors import InvalidGraphError, ModelLoadError, XrlWarning
 from xrl.frontends.hlo_lower import XLA_DOMAIN, lower_module
 from xrl.frontends.hlo_parse import (
-    _CALL_ATTRS,
+    CALL_ATTRS,
     MAX_NESTING,
     ArrayShape,
     HloSyntaxError,
@@ -108,7 +108,7 @@ def _check_calls(module: Module, source: str) -> None:
     chains are bounded, before lowering inlines them (recursively)."""
     calls: dict[str, list[tuple[str, int]]] = {}
     for comp in module.computations.values():
-        calls[comp.name] = [(c, ins.line) for ins in comp.instructions for key in _CALL_ATTRS
+        calls[comp.name] = [(c, ins.line) for ins in comp.instructions for key in CALL_ATTRS
                             if key in ins.attrs for c in attr_computations(ins.attrs[key])
                             if c in module.computations]
     depth: dict[str, int] = {}  # longest call chain below each finished computation

@@ -112,7 +112,7 @@ _STACK_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 # Nesting xrl follows (tuple shapes, inline bodies); real modules stay in single digits, and a bound
 # keeps a hostile file from exhausting Python's stack.
 MAX_NESTING = 100
-_CALL_ATTRS = ("to_apply", "calls", "condition", "body", "select", "scatter", "branch_computations",
+CALL_ATTRS = ("to_apply", "calls", "condition", "body", "select", "scatter", "branch_computations",
                "called_computations", "true_computation", "false_computation")
 
 
@@ -381,7 +381,7 @@ class _Parser:
             key = m.group(0)
             self.pos = m.end()
             self.expect("=", f"'=' after attribute {key!r}")
-            if key in _CALL_ATTRS and self.peek("{") and self._inline_body_ahead():
+            if key in CALL_ATTRS and self.peek("{") and self._inline_body_ahead():
                 # The canonical printer inlines called computations: `to_apply={ x = ... }`.
                 self._enter("inline computation bodies")
                 attrs[key] = self.computation(name=self._fresh_computation_name(f"{owner}.{key}")).name
