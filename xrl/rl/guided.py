@@ -143,12 +143,8 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     best.trace.append((0.0, c0))
     env_steps, rollout_speedups = 0, []
     if prior.rolls_out:
-        first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, time_limit)
+        first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, clock.deadline, best)
         env_steps, rollout_speedups = first.env_steps, [first.speedup]
-        if first.cost < best.cost:
-            best.cost, best.graph, best.steps, best.uphill = first.cost, first.graph, list(first.steps), \
-                first.uphill_paid_off
-            best.found()
         clock.last_find = time.perf_counter()  # the rollout's end: the passes earn time from here
     states, last, passes = 0, 0, []
     # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
@@ -176,23 +172,23 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
 
 
 def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: Any, horizon: int,
-                    max_candidates: int | None, time_limit: float | None) -> PolicyRun:
+                    max_candidates: int | None, deadline: float, best: _Best) -> PolicyRun:
     """The prior's argmax from the input until it picks the no-op (a policy's: what `--rl-mode argmax` plays,
-    lowest index on ties). Its steps are `rule@location`, as the beam's, so a teacher's path can be replayed."""
+    lowest index on ties). Each cheaper state is offered to `best` as it is reached (the anytime curve
+    counts it then, not when the rollout ends); steps are `rule@location`, as the beam's, so a searched
+    path can be replayed."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit if time_limit is not None else float("inf")
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
-    best_cost, best_graph, best_steps, costs, done = env.cost, graph, [], [env.cost], False
+    costs, done = [env.cost], False
     while not done and time.perf_counter() < deadline:
         action = int(prior.judge([env])[0].log_probs.argmax())
         _, _, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
         costs.append(env.cost)
-        if env.cost < best_cost:
-            best_cost, best_graph, best_steps = env.cost, env.graph, list(env.actions)
-    return PolicyRun(best_graph, best_cost, env.cost0, best_steps, 1, len(costs) - 1, time.perf_counter() - t0,
-                     uphill_paid_off(costs))
+        best.offer(env.cost, env.graph, list(env.actions), costs)
+    return PolicyRun(env.graph, min(costs), env.cost0, list(env.actions), 1, len(costs) - 1,
+                     time.perf_counter() - t0, uphill_paid_off(costs))
 
 
 def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, expand: int, alpha: float,
