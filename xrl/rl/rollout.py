@@ -7,9 +7,9 @@ PPO asks a `RolloutCollector` for the experience of one update and never sees ho
 
 A `Worker` holds one worker's envs, policy copy and feature cache and plays its share; `LocalCollector`
 runs its workers in this process, `ProcessCollector` gives each of N spawned processes one, and gathers
-their episodes in worker order. Another backend (Ray actors: `xrl.distributed.ray_collector`, a cluster
-queue) subclasses `RolloutCollector` (and usually wraps `Worker`) and registers itself in the entry-point
-group `xrl.collectors`; `xrl.rl.collectors.make_collector` picks one by the config's `collector.kind`.
+their episodes in worker order. Another backend (Ray actors, a cluster queue) subclasses
+`RolloutCollector` (and usually wraps `Worker`) and registers itself in the entry-point group
+`xrl.collectors`; `xrl.rl.collectors.make_collector` picks one by the config's `collector.kind`.
 
 Every episode is played to its end, so an update's experience never depends on the previous
 update's unfinished episodes: given (seed, update) and the weights a rollout is reproducible,

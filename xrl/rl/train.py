@@ -51,15 +51,16 @@ class RewriteTask(TrainingTask):
     label = "train"
 
     def __init__(self, c: dict[str, Any], out: Path) -> None:
+        # settings first, each checked before any work
         self.config = c
-        seed = typed("seed", c.get("seed", 0), 0)
+        self.seed = seed = typed("seed", c.get("seed", 0), 0)
         # The learner on one torch thread (0: torch's default): on a busy machine torch's pool spin-waits and
         # a PPO update took 2.4x longer on 2 threads than on 1 (2 cores, 2 other busy processes); on an idle
         # 2-core machine 2 threads were 1.27x faster. Rollout workers always run on one thread each.
         threads = typed("torch_threads", c.get("torch_threads", 1), 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        typed("updates", c["updates"], 0)
+        typed("updates", c["updates"], 0)  # the loop reads it; a bad value is refused before any work
         self.ppo = take(PPOConfig, c["algo"], "algo", ignore=("name",))
         pcfg = policy_config(c["model"])
         self.train_graphs, self.val_graphs, self.eval_graphs = graph_split(c["graphs"])
@@ -71,6 +72,7 @@ class RewriteTask(TrainingTask):
         self.workers = typed("workers", c.get("workers", 2), 0)
         self._collector: RolloutCollector | None = None  # started by the first collect or evaluate
 
+        # then the learner: seeded, built, and restored or warm-started
         self.ppo_rng = seed_everything(seed)
         self.policy = GraphPolicy(pcfg)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.ppo.lr, eps=1e-5)
@@ -94,7 +96,6 @@ class RewriteTask(TrainingTask):
             raise ConfigError("imitation.rehearse needs imitation.teachers (and is not available on resume)")
         self.rehearsal = (torch.optim.Adam(self.policy.parameters(), lr=self.imitation.lr, eps=1e-5)
                           if self.imitation.rehearse else None)
-        self.seed = seed
 
     def restore(self, resume: str, pcfg: PolicyConfig) -> None:
         """Weights, optimizer, RNG and run state of the checkpoint `resume`."""
