@@ -250,7 +250,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_passes(args: argparse.Namespace) -> int:
     """A pass-ordering policy (or the lookahead agent) against the default order, per graph: the built-in
     graphs (--graphs/--suite) and, unless --graphs names them, the HLO fixtures."""
-    from xrl.rl.train_passes import evaluate_passes, format_passes_table, suite_graphs
+    from xrl.rl.train_passes import evaluate_passes, suite_graphs
 
     graphs = suite_graphs(_graph_names(args), hlo=not args.graphs)
     report = evaluate_passes(args.policy, graphs, horizon=args.horizon, device=args.device)
@@ -262,6 +262,17 @@ def _eval_passes(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(text + "\n")
     return 0
+
+
+def format_passes_table(report: dict[str, Any]) -> str:
+    rows = [[r["graph"], r["split"], r["ops"], r["default_ops"], r["agent_ops"], f"{r['default_improvement']:.3f}x",
+             f"{r['agent_improvement']:.3f}x", f"{r['ratio']:.3f}", " ".join(r["passes"])] for r in report["graphs"]]
+    rows.append(["geomean", "", "", "", "", f"{report['geomean_default_improvement']:.3f}x",
+                 f"{report['geomean_agent_improvement']:.3f}x", f"{report['geomean_ratio']:.3f}", ""])
+    head = ["graph", "split", "ops", "default ops", "agent ops", "default", "agent", "agent vs default",
+            "agent's passes"]
+    return (f"pass ordering, agent {report['agent']}, {report['horizon']} passes per graph; improvement = ops before / "
+            f"ops after, ratio = default ops / agent ops\n" + format_table(head, rows))
 
 
 def format_eval_tables(rows: list[dict[str, Any]], *, baselines: bool, title: str) -> str:

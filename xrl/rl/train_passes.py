@@ -241,16 +241,3 @@ def evaluate_passes(policy_path: str | None, graphs: Sequence[tuple[str, Any]], 
             "geomean_ratio": geomean([r["ratio"] for r in rows]),
             "geomean_default_improvement": geomean([r["default_improvement"] for r in rows]),
             "geomean_agent_improvement": geomean([r["agent_improvement"] for r in rows])}
-
-
-def format_passes_table(report: Mapping[str, Any]) -> str:
-    from xrl.cli.output import format_table
-
-    rows = [[r["graph"], r["split"], r["ops"], r["default_ops"], r["agent_ops"], f"{r['default_improvement']:.3f}x",
-             f"{r['agent_improvement']:.3f}x", f"{r['ratio']:.3f}", " ".join(r["passes"])] for r in report["graphs"]]
-    rows.append(["geomean", "", "", "", "", f"{report['geomean_default_improvement']:.3f}x",
-                 f"{report['geomean_agent_improvement']:.3f}x", f"{report['geomean_ratio']:.3f}", ""])
-    head = ["graph", "split", "ops", "default ops", "agent ops", "default", "agent", "agent vs default",
-            "agent's passes"]
-    return (f"pass ordering, agent {report['agent']}, {report['horizon']} passes per graph; improvement = ops before / "
-            f"ops after, ratio = default ops / agent ops\n" + format_table(head, rows))
