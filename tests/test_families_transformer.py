@@ -24,6 +24,7 @@ ort = pytest.importorskip("onnxruntime")
 from xrl.graphs import families as F  # noqa: E402
 
 RMS_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+CONTRIB_OPS = RMS_OPS | {"RotaryEmbedding"}
 NORM_PATTERN = {"Pow", "ReduceMean", "Sqrt"}
 
 
@@ -77,6 +78,28 @@ def test_numpy_semantics_of_the_rmsnorm_contrib_ops_match_onnxruntime() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_numpy_semantics_of_rotary_embedding_match_onnxruntime(interleaved: int) -> None:
+    """RotaryEmbedding (com.microsoft) on (batch, heads, sequence, head size), positions from an offset and from
+    a (batch, sequence) table, rotate-half and interleaved: the reference executor against onnxruntime."""
+    rng = np.random.default_rng(interleaved)
+    b, n, s, d = 2, 3, 5, 8
+    cos = rng.standard_normal((7, d // 2)).astype(np.float32)
+    sin = rng.standard_normal((7, d // 2)).astype(np.float32)
+    for pos in (np.array([2], np.int64), rng.integers(0, 7, size=(b, s)).astype(np.int64)):
+        node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                                interleaved=interleaved)
+        weights = [onnx.numpy_helper.from_array(a, name) for a, name in ((pos, "pos"), (cos, "cos"), (sin, "sin"))]
+        graph = helper.make_graph([node], "rope", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, n, s, d])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        x = rng.standard_normal((b, n, s, d)).astype(np.float32)
+        imported = from_onnx(model)
+        np.testing.assert_allclose(execute(imported, {"x": x})[0], _ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+        assert [(n.op_type, n.domain) for n in to_onnx(imported).graph.node] == [("RotaryEmbedding", "com.microsoft")]
+
+
 def test_targets_declare_which_runtime_runs_the_contrib_ops() -> None:
     assert get_target("ort-cpu").runs("SkipSimplifiedLayerNormalization")
     assert get_target("ort-cuda").runs("SimplifiedLayerNormalization")
@@ -120,7 +143,7 @@ def test_xrl_rules_fuse_rmsnorm_and_skip_rmsnorm_under_ort_cpu(exporter: str, re
 @pytest.mark.parametrize("exporter", ["ts", "dynamo"])
 def test_the_paper_target_gets_no_contrib_ops(exporter: str, results: dict) -> None:
     result = _optimized(results, exporter, "paper", None)
-    assert not RMS_OPS & set(_histogram(result.model))
+    assert not CONTRIB_OPS & set(_histogram(result.model))
     assert all(n.domain in ("", "ai.onnx") for n in result.model.graph.node)
 
 
@@ -130,8 +153,9 @@ def test_default_optimisation_of_llama_reaches_its_limits_histogram(exporter: st
     xrl packs q/k/v and gate/up, and the result has the op histogram of the same done to the hand-folded limit."""
     result = _optimized(results, exporter, "ort-cpu", None)
     limit = _optimized(results, exporter, "ort-cpu", None, limit=True)
-    assert RMS_OPS <= set(_histogram(result.model))
-    assert _histogram(result.model) == _histogram(limit.model)
+    hist = _histogram(result.model)
+    assert RMS_OPS <= set(hist) and hist["RotaryEmbedding"] == 4  # q and k of both layers
+    assert hist == _histogram(limit.model)
     assert result.verified and result.max_abs_err < 1e-4
 
 
@@ -153,3 +177,26 @@ rule skip family=fusion
     assert parsed.roots == ("y", "s")
     with pytest.raises(RuleSyntaxError, match="target computes 'mean' but nothing reads it"):
         parse_rules(rule.format(m="mean"))
+
+
+def test_onnx_23s_own_rotary_embedding_stays_opaque() -> None:
+    """ONNX 23 has a RotaryEmbedding of its own (inputs in another order): it must not be read as the contrib op."""
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"])
+    rng = np.random.default_rng(0)
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal((5, 4)).astype(np.float32), "cos"),
+               onnx.numpy_helper.from_array(rng.standard_normal((5, 4)).astype(np.float32), "sin"),
+               onnx.numpy_helper.from_array(np.arange(5, dtype=np.int64)[None], "pos")]
+    graph = helper.make_graph([node], "rope23", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 5, 8])],
+                              initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    imported = from_onnx(model)
+    (rope,) = imported.nodes.values()
+    assert rope.domain == "ai.onnx"
+    from xrl.ir.ops import is_known
+
+    assert not is_known(rope.op, rope.domain)
+    written = to_onnx(imported)
+    assert [(n.op_type, n.domain) for n in written.graph.node] == [("RotaryEmbedding", "")]
+    x = {"x": rng.standard_normal((1, 2, 5, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_ort_run(written, x)[0], _ort_run(model, x)[0], rtol=1e-6)

@@ -273,6 +273,8 @@ def _import_node(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], type
                  label: str) -> Node:
     op = n.op_type
     domain = "" if n.domain in DEFAULT_DOMAINS or ir_op(op, n.domain) else n.domain
+    if domain == "" and not ir_op(op, n.domain) and op in OPS:
+        domain = "ai.onnx"  # a standard op named as a contrib op of another domain (RotaryEmbedding): opaque
     attrs = {a.name: _attr_value(a, f"{name!r} ({op})", label) for a in n.attribute}
     inputs = list(n.input)
     if domain == "":
@@ -387,7 +389,7 @@ def _domain_version(domain: str) -> int:
 
 def _node_min_opset(node: Node) -> int:
     """The oldest opset (>= MIN_OPSET) whose schema for this node's op exists and takes its attributes."""
-    if node.domain != "" or (node.op in OPS and OPS[node.op].runtime is not None):
+    if node.domain not in ("", "ai.onnx") or (node.domain == "" and node.op in OPS and OPS[node.op].runtime):
         return MIN_OPSET  # a contrib op: not versioned with the default opset
     if node.op == "Gelu":
         return MIN_OPSET  # lowered to Erf arithmetic below opset 20
@@ -481,8 +483,9 @@ class _Exporter:
         inputs = [self.r(v) if v else "" for v in n.inputs]
         outputs = [self.r(v) for v in n.outputs]
         attrs = dict(n.attrs)
-        if n.domain != "" or onnx_domain(n.op):
-            self.emit(n.op, inputs, outputs, attrs, n.name, n.domain or onnx_domain(n.op))
+        if n.domain != "" or onnx_domain(n.op):  # ("ai.onnx": a standard op kept opaque, written as imported)
+            self.emit(n.op, inputs, outputs, attrs, n.name, onnx_domain(n.op) if n.domain == "" else
+                      "" if n.domain == "ai.onnx" else n.domain)
             return
         act = attrs.pop("activation", None) if n.op in _FUSED_OPS else None
         if n.op == "Cast":

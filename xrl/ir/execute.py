@@ -18,7 +18,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from xrl.errors import XrlError
 from xrl.ir.graph import Graph, Node
-from xrl.ir.ops import FUSABLE_ACTIVATIONS, OPS, reshape_target, slice_bounds
+from xrl.ir.ops import FUSABLE_ACTIVATIONS, OPS, is_known, reshape_target, slice_bounds
 
 _ERF: list[Callable[[np.ndarray], np.ndarray]] = []
 
@@ -74,7 +74,7 @@ def run_node(node: Node, inputs: Sequence[np.ndarray | None], *,
              dtype: type | np.dtype = np.float64) -> list[np.ndarray]:
     """One node's outputs from its input arrays (None for an omitted optional input)."""
     dt = np.dtype(dtype)
-    fn = KERNELS.get(node.op) if node.domain in ("", "ai.onnx") else None
+    fn = KERNELS.get(node.op) if is_known(node.op, node.domain) else None
     if fn is None:
         raise ExecutionError(f"node {node.name!r}: the reference executor cannot run op {node.op!r} "
                              f"(domain {node.domain!r}); it is opaque to xrl")
@@ -314,6 +314,20 @@ def _skip_simplified_layernorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
         total = total + a[3]
     y, inv = _rms(total, -1, node.attr("epsilon", 1e-12))
     return [y * a[2], np.zeros_like(inv), inv, total]  # onnxruntime writes no mean for an RMSNorm: zeros
+
+
+@kernel("RotaryEmbedding")
+def _rotary(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    x, pos, cos, sin = a
+    b, _, s, d = x.shape
+    positions = pos.reshape(1, 1) + np.arange(s) if pos.size == 1 else pos  # (1 or batch, sequence)
+    c = cos[positions][:, None]  # (batch, 1, sequence, head size / 2)
+    n = sin[positions][:, None]
+    if node.attr("interleaved", 0):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return [np.stack([x1 * c - x2 * n, x2 * c + x1 * n], axis=-1).reshape(x.shape)]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return [np.concatenate([x1 * c - x2 * n, x2 * c + x1 * n], axis=-1)]
 
 
 @kernel("BatchNormalization")

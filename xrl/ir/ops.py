@@ -58,7 +58,10 @@ def _register(name: str, kind: str, infer: InferFn, flops: FlopFn | None = None,
 
 
 def is_known(op: str, domain: str = "") -> bool:
-    return domain in ("", "ai.onnx") and op in OPS
+    """Whether the IR knows node (op, domain). The importer marks a default-domain op that shares its name
+    with a contrib op of another domain (ONNX 23's RotaryEmbedding) "ai.onnx": it stays opaque."""
+    spec = OPS.get(op)
+    return spec is not None and (domain == "" or (domain == "ai.onnx" and not spec.onnx_domain))
 
 
 def ir_op(op: str, domain: str) -> bool:
@@ -459,6 +462,30 @@ def _rmsnorm_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) ->
 _register("SimplifiedLayerNormalization", "reduction", _infer_simplified_layernorm, _rmsnorm_flops,
           runtime="onnxruntime")
 _register("SkipSimplifiedLayerNormalization", "reduction", _infer_skip_simplified_layernorm, _rmsnorm_flops,
+          onnx_domain="com.microsoft", runtime="onnxruntime")
+
+
+def _infer_rotary(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    if len(ins) != 4:
+        raise _fail(node, f"takes input, position_ids, cos_cache and sin_cache, got {len(ins)} inputs")
+    x, pos, cos, sin = ins
+    if x.rank != 4:  # (batch, heads, sequence, head size): the layout the rules write
+        raise _fail(node, f"input {x} must be (batch, heads, sequence, head size)")
+    half = (node.attr("rotary_embedding_dim", 0) or x.shape[3]) // 2
+    if cos.rank != 2 or cos != sin or cos.shape[1] != half or cos.shape[0] < x.shape[2]:
+        raise _fail(node, f"cos/sin caches {cos}, {sin} must be (>= {x.shape[2]}, {half})")
+    if pos.dtype != "int64" or pos.shape not in ((1,), (x.shape[0], x.shape[2])):
+        raise _fail(node, f"position_ids {pos} must be int64 (1,) or (batch, sequence)")
+    if node.attr("rotary_embedding_dim", 0) not in (0, x.shape[3]) or node.attr("is_packed_batching", 0) \
+            or node.attr("scale", 1.0) != 1.0:
+        raise _fail(node, "only a full-width, unpacked, unscaled rotary embedding is supported")
+    return [x]
+
+
+# RotaryEmbedding (com.microsoft): rotary position embeddings of x (batch, heads, sequence, head size) by the
+# rows of the cos/sin caches at position_ids ((1,): an offset to 0..sequence-1), rotate-half (interleaved=0)
+# or interleaved pairs (interleaved=1).
+_register("RotaryEmbedding", "elementwise", _infer_rotary, lambda n, i, o: 3 * o[0].numel,
           onnx_domain="com.microsoft", runtime="onnxruntime")
 
 
