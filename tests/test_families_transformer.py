@@ -112,12 +112,13 @@ def results() -> dict:
     return {}
 
 
-def _optimized(cache: dict, exporter: str, target: str, prepass: tuple | None, limit: bool = False):
+def _optimized(cache: dict, exporter: str, target: str, prepass: tuple | None, limit: bool = False,
+               member: str = "llama"):
     from xrl.api import optimize
 
-    key = (exporter, target, prepass, limit)
+    key = (member, exporter, target, prepass, limit)
     if key not in cache:
-        model = F.build_onnx("llama", "small", exporter, limit=limit)
+        model = F.build_onnx(member, "small", exporter, limit=limit)
         cache[key] = optimize(model, search="greedy", target=target, prepass=prepass, time_limit=60)
     return cache[key]
 
@@ -200,3 +201,15 @@ def test_onnx_23s_own_rotary_embedding_stays_opaque() -> None:
     assert [(n.op_type, n.domain) for n in written.graph.node] == [("RotaryEmbedding", "")]
     x = {"x": rng.standard_normal((1, 2, 5, 8)).astype(np.float32)}
     np.testing.assert_allclose(_ort_run(written, x)[0], _ort_run(model, x)[0], rtol=1e-6)
+
+
+def test_interleaved_rotary_of_llama_eager_fuses_and_reaches_its_limit(results: dict) -> None:
+    """llama_eager's rotate_every_two (Slices of step 2, stacked and flattened) becomes RotaryEmbedding with
+    interleaved=1, and the whole network reaches its limit's histogram."""
+    result = _optimized(results, "ts", "ort-cpu", None, member="llama_eager")
+    limit = _optimized(results, "ts", "ort-cpu", None, limit=True, member="llama_eager")
+    ropes = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(ropes) == 4 and all(n.domain == "com.microsoft" for n in ropes)
+    assert all({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("interleaved") == 1 for n in ropes)
+    assert _histogram(result.model) == _histogram(limit.model)
+    assert result.verified and result.max_abs_err < 1e-4
