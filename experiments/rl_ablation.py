@@ -174,6 +174,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ys = [per_arm(rows, a, b, held) for b in budgets]
         ax.plot(budgets, ys, marker="o", label=a, linestyle="--" if a in (*SEARCHES, "argmax") else "-")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the budgets are labelled
     ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
     ax.set_xlabel("budget (s, wall clock)")
     ax.set_ylabel(f"geomean speed-up, {len(held)} held-out graphs")
