@@ -83,3 +83,24 @@ def test_verification_still_catches_a_wrong_candidate():
     result = verify.compare_models(ref, wrong, trials=2)
     assert not result.ok
     assert "output 0" in result.detail
+
+
+def test_external_data_save_neither_changes_nor_copies_the_callers_model(tmp_path, monkeypatch):
+    # a model loaded with onnx.load has data_location set to DEFAULT explicitly: it is still moved out, and
+    # the caller's model is not rewritten (protobuf keeps a cleared field's memory: moving the bytes out and
+    # back grew the model by its weights on every save)
+    from xrl.frontends import onnx_io
+
+    src = tmp_path / "src.onnx"
+    onnx.save(_mlp(), str(src), save_as_external_data=True, all_tensors_to_one_file=True, location="src.data")
+    model = onnx.load(str(src))
+    assert all(t.HasField("data_location") for t in model.graph.initializer)
+    before = model.SerializeToString()
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1)
+    out = onnx_io.save_onnx(model, tmp_path / "out.onnx")
+    assert model.SerializeToString() == before
+    head = onnx.load(str(out), load_external_data=False)
+    assert all(t.data_location == TensorProto.EXTERNAL for t in head.graph.initializer)
+    again = onnx.load(str(out))
+    for a, b in zip(model.graph.initializer, again.graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))

@@ -646,6 +646,20 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     return path
 
 
+def _copy_fields(dst, src, skip: str | Sequence[str] = ()) -> None:  # noqa: ANN001 - protobuf messages
+    """Copy every field of `src` that is set into `dst`, except those named in `skip`."""
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
 def _remove_old_data(path: Path, keep: str | None) -> None:
     """Weight files of earlier writes to `path` (`<name>.data`, `<name>.<hash>.data`) that the model
     just written does not use: the model that used them has been replaced."""
@@ -662,42 +676,45 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
     """Big tensors' bytes to `<path>.<hash>.data`, the rest to `path`; returns the data file's name.
     The data file gets its final name before the model is replaced, and that name is new whenever the
     weights are, so a crash at any point leaves the old model with its own weights or the new model
-    with its own. The tensors are pointed at the data file only while the model is serialised, then
-    restored: the caller's model is unchanged."""
+    with its own. The model written is a new head (every field but the big tensors' bytes, which point
+    at the data file); the caller's model is neither changed nor copied: protobuf cannot free a field it
+    clears, so moving the bytes out and back would grow the caller's model by its weights on every save."""
     import hashlib
 
-    moved: list[tuple[TensorProto, bytes]] = []
     digest = hashlib.blake2b(digest_size=6)
+    head = onnx.ModelProto()
+    _copy_fields(head, model, skip="graph")
+    _copy_fields(head.graph, model.graph, skip="initializer")
+    external: list[TensorProto] = []
     # the weights' temporary gets its final name (from their digest) when the block ends
     with atomic_write(path, suffix=".data.tmp") as pending:
         with pending.open("wb") as f:
             offset = 0
             for t in model.graph.initializer:
-                if not t.HasField("raw_data") or t.HasField("data_location") or t.ByteSize() < _EXTERNAL_MIN_TENSOR:
+                out = head.graph.initializer.add()
+                if not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL \
+                        or t.ByteSize() < _EXTERNAL_MIN_TENSOR:
+                    out.CopyFrom(t)
                     continue
-                raw = t.raw_data
+                raw = t.raw_data  # one tensor's bytes at a time
                 f.write(raw)
                 digest.update(raw)
-                moved.append((t, raw))
-                t.ClearField("raw_data")
-                t.data_location = TensorProto.EXTERNAL
+                _copy_fields(out, t, skip=("raw_data", "data_location", "external_data"))
+                out.data_location = TensorProto.EXTERNAL
                 for k, v in (("location", ""), ("offset", str(offset)), ("length", str(len(raw)))):
-                    entry = t.external_data.add()
+                    entry = out.external_data.add()
                     entry.key, entry.value = k, v
+                external.append(out)
                 offset += len(raw)
+                del raw
         data_name = f"{path.name}.{digest.hexdigest()}.data"
-        for t, _ in moved:
+        for t in external:
             t.external_data[0].value = data_name
         try:
-            head = model.SerializeToString()
+            head = head.SerializeToString()
         except Exception as e:  # still over protobuf's 2 GiB without the big weights
             raise OutputPathError(f"cannot write {path}: the model is too large to serialise even with its "
                                   f"weights outside ({brief_error(e)})") from e
-        finally:
-            for t, raw in moved:
-                del t.external_data[:]
-                t.ClearField("data_location")  # proto2: an explicit DEFAULT would serialise differently
-                t.raw_data = raw
         existed = (path.parent / data_name).exists()  # the same weights written before: the old model uses it
         pending.destination = path.parent / data_name  # data first: the model never points at missing bytes
     try:

@@ -260,6 +260,17 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
         return (onnx.load(result) if changed else model), detail
 
 
+def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
+    """Whether the model is past what one protobuf can hold (2 GiB, less a margin): the libraries serialise
+    it whole. Past the limit protobuf cannot even count its size (ByteSize raises)."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return model.ByteSize() > 2 ** 31 - 2 ** 20
+    except EncodeError:
+        return True
+
+
 def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
                   check: Callable[[onnx.ModelProto], None] | None = None,
                   time_limit: float | None = None) -> tuple[onnx.ModelProto, list[PassReport]]:
@@ -279,7 +290,7 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
 
             raise ConfigError(f"unknown pre-pass {name!r}; choose from: {', '.join(PREPASSES)}")
         before = len(model.graph.node)
-        if model.ByteSize() > 2 ** 31 - 2 ** 20 or os.environ.get("XRL_NO_PREPASS"):
+        if _over_protobuf_limit(model) or os.environ.get("XRL_NO_PREPASS"):
             reports.append(PassReport(name, False, before, before, "skipped (model over 2 GB, or XRL_NO_PREPASS)"))
             continue
         left = None if time_limit is None else time_limit - (time.perf_counter() - t0)
