@@ -174,10 +174,10 @@ def search_graph(name: str):
 
 def search_once(name: str, method: str, policy_path: Path) -> tuple[float, float]:
     """(search seconds, speedup) of greedy or the shipped policy (argmax, old or new encoding) on `name`."""
+    from xrl.env.graph_rewrite import default_horizon
     from xrl.features.metagraph import FeatureCache
     from xrl.rl.evaluate import optimize_with_policy
     from xrl.search.greedy import greedy_search
-    from xrl.search.rl_search import default_horizon
 
     graph = search_graph(name)
     cost = get_cost_model("analytic", device="h100")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
 from cli_helpers import assert_user_error, run
+
 from xrl import api, graphs
 from xrl.errors import ConfigError
 from xrl.frontends.onnx_io import from_onnx

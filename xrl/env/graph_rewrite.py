@@ -59,6 +59,12 @@ log = logging.getLogger(__name__)
 MAX_ACTIONS = 1 << 20  # the action space's size without a cap: far beyond any graph's candidate count
 OBSERVATIONS = ("graph", "summary")
 DEFAULT_GRAPH = "tiny_cnn"  # what `gymnasium.make` optimises when no graph is named: small and fast
+MIN_HORIZON = 50  # a policy's rollout gets at least this many steps, and one per op on larger graphs
+
+
+def default_horizon(graph: Graph) -> int:
+    """The steps a policy's rollout may take on `graph` (`--search rl`, release mode, expert iteration)."""
+    return max(MIN_HORIZON, len(graph))
 
 
 def rule_name(candidate: Any) -> str:

@@ -272,7 +272,7 @@ def run_release(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, 
                 **options: Any) -> SearchResult:
     """The `xrl.api` runner of `--search rl --policy FILE.onnx`: options `policy`, `mode` (argmax only),
     `max_candidates` (default: the cap the policy was trained with; 0: none). `seed` is unused: argmax draws nothing."""
-    from xrl.search.rl_search import default_horizon
+    from xrl.env.graph_rewrite import default_horizon
 
     known = ("policy", "mode", "max_candidates")
     unknown = sorted(set(options) - set(known))

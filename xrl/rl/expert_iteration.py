@@ -83,9 +83,10 @@ def fresh_policy(cfg: ExpertIterationConfig) -> Any:
 
 def search_with(policy: Any, graph: Graph, cost: CostModel, cfg: ExpertIterationConfig, engine: Any) -> Any:
     """The guided search under `policy`'s prior, run to its budget (the expert's time is fixed)."""
+    from xrl.env.graph_rewrite import default_horizon
+    from xrl.rl.evaluate import one_torch_thread
     from xrl.rl.guided import guided_search
     from xrl.rl.priors import PolicyPrior
-    from xrl.search.rl_search import default_horizon, one_torch_thread
 
     with one_torch_thread():
         return guided_search(PolicyPrior(policy), graph, cost, engine=engine, horizon=default_horizon(graph),
@@ -97,11 +98,11 @@ def expert_iteration(train: Mapping[str, Graph], val: Mapping[str, Graph], cost:
     """Run `cfg.iterations` of expert iteration on `train`, select on `val` (or on `train` if `val` is empty);
     writes best.pt and last.pt to `out`; returns a report (per iteration: experts, losses, validation)."""
     from xrl.env import GraphRewriteEnv
+    from xrl.env.graph_rewrite import default_horizon
     from xrl.rewrite import RewriteEngine
     from xrl.rewrite.rules import load_rules
     from xrl.rl.checkpoint import save_checkpoint
     from xrl.rl.imitation import ImitationConfig, clone, replay
-    from xrl.search.rl_search import default_horizon
 
     if not train:
         raise ConfigError("expert iteration needs at least one training graph")

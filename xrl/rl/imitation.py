@@ -71,6 +71,7 @@ class Demonstration:
 def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
                  ) -> dict[str, tuple[str, list[str], float]]:
     """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found."""
+    # upward on purpose: a teacher is any registered search, looked up by name (tests/test_layering.py)
     from xrl.search.registry import run_search
 
     unknown = [t for t in cfg.teachers if t not in TEACHERS]

@@ -21,8 +21,6 @@ one search module that imports `xrl.rl`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +29,10 @@ from xrl.errors import ConfigError
 from xrl.ir import Graph
 from xrl.search.result import SearchResult
 
-MIN_HORIZON = 50
 MODES = ("guided", "argmax")
 PRIORS = ("trained", "untrained", "uniform", "cost")  # xrl.rl.priors.PRIORS, without importing torch
 GUIDED_BUDGET_S = 60.0
 
-
-def default_horizon(graph: Graph) -> int:
-    return max(MIN_HORIZON, len(graph))
 
 
 def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None = None, steps: int | None = None,
@@ -47,8 +41,9 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               budget: float | None = None, prior: str = "trained", stop: bool = True,
               trace: list[tuple[float, float]] | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
+    from xrl.env.graph_rewrite import default_horizon
     from xrl.rl.checkpoint import default_policy_path, load_policy
-    from xrl.rl.evaluate import optimize_with_policy
+    from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
 
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
@@ -78,21 +73,6 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
                                         trace=trace)
         return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
                                     seed=seed, max_candidates=cap, time_limit=time_limit)
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """The policy's forward passes on one thread: its tensors are small, and on a busy machine torch's
-    thread pool spin-waits (a BERT state's forward pass: 0.15 s on one thread, 3.5 s on two, measured
-    here under load)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
