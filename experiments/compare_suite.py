@@ -1,4 +1,4 @@
-"""The README's comparison tables: every search method on the whole built-in suite, for one target.
+"""The comparison tables of docs/results.md: every search method on the whole built-in suite, for one target.
 
 `--target paper` (default) is the research setting of TASO/Tensat/X-RLflow (an H100 kernel per op,
 the unfused graph as baseline); `--target ort-cpu` is what onnxruntime on a CPU runs (its own fusions

@@ -1,4 +1,4 @@
-"""The README's comparison table: results.csv of `xrl compare` / compare_suite.py as one row per graph.
+"""The comparison table of docs/results.md: results.csv of `xrl compare` / compare_suite.py as one row per graph.
 
     .venv/bin/python experiments/pivot_compare.py experiments/results/compare_suite/results.csv
 """
