@@ -26,12 +26,11 @@ from xrl.cost.timing import check_counts
 from xrl.cost.torch_exec import (
     TorchExecutor,
     UnsupportedOpError,
-    check_timer,
     resolve_device,
-    time_run,
     torch_dtype,
     torch_threads,
 )
+from xrl.cost.torch_timing import check_timer, time_run
 from xrl.errors import ConfigError
 from xrl.ir import Graph, Node
 
@@ -53,7 +52,7 @@ class E2ECostModel(WholeGraphCostModel):
             on a GPU with onnxruntime-gpu), else torch.
         threads: CPU intra-op threads; None: the engine's default (every core). One by default, as for the
             `op` model: timings that other processes on the machine cannot inflate.
-        dtype / timer / cuda_graph / flush_l2: torch engine only (see `xrl.cost.torch_exec.time_run`).
+        dtype / timer / cuda_graph / flush_l2: torch engine only (see `xrl.cost.torch_timing.time_run`).
         """
         super().__init__()
         if engine not in ENGINES:

@@ -36,7 +36,8 @@ import numpy as np
 
 from xrl.cost.base import CostModel, Measurement
 from xrl.cost.timing import check_counts
-from xrl.cost.torch_exec import TorchExecutor, check_timer, resolve_device, time_run, torch_dtype, torch_threads
+from xrl.cost.torch_exec import TorchExecutor, resolve_device, torch_dtype, torch_threads
+from xrl.cost.torch_timing import check_timer, time_run
 from xrl.errors import XrlError
 from xrl.ir import Graph, Node
 from xrl.ir.ops import is_known, op_kind
@@ -268,7 +269,7 @@ class OpMeasuredCostModel(CostModel):
         threads: torch CPU threads while measuring (None: torch's current setting). One by default: a
             multi-threaded op waits at every OpenMP barrier for a core that another process may hold, and on a
             busy 2-core machine a 3x3 conv of a 32x32 image timed 20 ms with 2 threads and 20 us with 1.
-        timer / cuda_graph / flush_l2: how a GPU op is timed (see `xrl.cost.torch_exec.time_run`).
+        timer / cuda_graph / flush_l2: how a GPU op is timed (see `xrl.cost.torch_timing.time_run`).
         min_sample_s: on the CPU, one timed sample repeats a fast op until it lasts this long.
         """
         super().__init__()

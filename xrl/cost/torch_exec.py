@@ -1,4 +1,5 @@
-"""Run an IR graph with PyTorch: the engine behind the measured `op`, `e2e` (engine="torch") and `cuda` backends.
+"""Compile an IR graph to PyTorch: the engine behind the measured `op`, `e2e` (engine="torch") and `cuda` backends
+(timed by `xrl.cost.torch_timing`).
 
 `TorchExecutor(graph)` compiles the graph once into a list of steps, one closure over a torch op per
 node, with every weight already on the device; `run(feeds)` walks them under `torch.inference_mode`.
@@ -29,9 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xrl.cost.base import Measurement
 from xrl.cost.devices import DEVICE_PROFILES
-from xrl.cost.timing import check_counts, summarize, time_callable
 from xrl.errors import ConfigError, XrlError
 from xrl.ir import Graph, Node
 from xrl.ir.ops import is_known, slice_bounds
@@ -40,12 +39,6 @@ if TYPE_CHECKING:
     import torch
 
 MEASURED_DEVICES = ("auto", "cpu", "cuda")
-TIMERS = ("auto", "harness", "events", "wall")
-
-
-def check_timer(timer: str) -> None:
-    if timer not in TIMERS:
-        raise ConfigError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
 
 
 class UnsupportedOpError(XrlError):
@@ -689,53 +682,3 @@ def _explicit_pads(node: Node, spatial: Sequence[int], kernel: Sequence[int], st
 def _torch_pad(begin: Sequence[int], end: Sequence[int]) -> tuple[int, ...]:
     """F.pad's argument: (begin, end) pairs from the last axis backwards."""
     return tuple(p for i in reversed(range(len(begin))) for p in (begin[i], end[i]))
-
-
-# ----- timing a bound run ---------------------------------------------------------------------
-def time_run(run: BoundRun, *, warmup: int, repeats: int, timer: str = "auto", flush_l2: bool = False,
-             min_run_s: float = 0.0) -> Measurement:
-    """Seconds per call of `run`.
-
-    CPU: wall clock (`time_callable`; `min_run_s` batches calls of a fast run into one sample).
-    CUDA: timer "harness" (the native event harness in cuda/, replaying the captured CUDA graph when
-    there is one, with an optional L2 flush between repetitions), "events" (torch.cuda.Event pairs on
-    the current stream) or "wall" (synchronised wall clock); "auto" is the harness when it loads,
-    else events.
-    """
-    check_counts(warmup, repeats, "time_run")
-    check_timer(timer)
-    if run.device != "cuda":
-        return time_callable(run, warmup=warmup, repeats=repeats, min_run_s=min_run_s)
-    import torch
-
-    if timer == "wall":
-        return time_callable(run, warmup=warmup, repeats=repeats, sync=torch.cuda.synchronize, min_run_s=min_run_s)
-    if timer in ("auto", "harness"):
-        from xrl.cost import cuda_harness
-
-        harness = cuda_harness.load(required=timer == "harness")
-        if harness is not None:
-            stream = torch.cuda.current_stream()
-            handle = run.graph_exec_handle()
-            if handle is not None:
-                times = harness.time_graph(handle, stream.cuda_stream, device=stream.device.index or 0,
-                                           warmup=warmup, repeats=repeats, flush_l2=flush_l2)
-            else:
-                times = harness.time_callback(run, stream.cuda_stream, device=stream.device.index or 0,
-                                              warmup=warmup, repeats=repeats, flush_l2=flush_l2)
-            return summarize(times)
-    return _time_events(run, warmup=warmup, repeats=repeats)
-
-
-def _time_events(run: BoundRun, *, warmup: int, repeats: int) -> Measurement:
-    import torch
-
-    for _ in range(warmup):
-        run()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for start, stop in pairs:
-        start.record()
-        run()
-        stop.record()
-    torch.cuda.synchronize()
-    return summarize([start.elapsed_time(stop) / 1e3 for start, stop in pairs])
