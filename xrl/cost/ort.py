@@ -139,9 +139,9 @@ def _open_session(model: Any, so: Any, providers: list[str]) -> onnxruntime.Infe
 
     import onnxruntime as ort
 
-    from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, save_onnx, trim_heap
+    from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, initializer_bytes, save_onnx, trim_heap
 
-    if sum(t.ByteSize() for t in model.graph.initializer) > EXTERNAL_DATA_THRESHOLD:
+    if initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD:
         with tempfile.TemporaryDirectory(prefix="xrl-ort-") as d:
             path = save_onnx(model, Path(d) / "model.onnx")
             del model

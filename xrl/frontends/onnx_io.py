@@ -52,6 +52,19 @@ _CONST_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Expa
 _FUSED_OPS = ("Conv", "MatMul", "Gemm")
 # Models whose weights pass this are written with external data: protobuf cannot serialise 2 GiB.
 EXTERNAL_DATA_THRESHOLD = int(1.8e9)
+
+
+def tensor_bytes(t: TensorProto) -> int:
+    """A tensor's data bytes from its shape and type: protobuf's ByteSize() walks the message (about 30 ms
+    for one VGG weight) and reading raw_data copies it."""
+    if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return t.ByteSize()
+    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    return sum(tensor_bytes(t) for t in model.graph.initializer)
 _EXTERNAL_MIN_TENSOR = 1024  # bytes: smaller tensors stay inline, as onnx itself does
 
 
@@ -633,7 +646,7 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
         raise OutputPathError(f"cannot write {path}: folder {folder} does not exist; create it first")
     remove_stale_temporaries(path)
     try:
-        weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
+        weight_bytes = initializer_bytes(model)
         if weight_bytes > EXTERNAL_DATA_THRESHOLD:
             data_name = _save_external(model, path)
         else:
@@ -693,7 +706,7 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
             for t in model.graph.initializer:
                 out = head.graph.initializer.add()
                 if not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL \
-                        or t.ByteSize() < _EXTERNAL_MIN_TENSOR:
+                        or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR:
                     out.CopyFrom(t)
                     continue
                 raw = t.raw_data  # one tensor's bytes at a time

@@ -265,8 +265,14 @@ def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
     it whole. Past the limit protobuf cannot even count its size (ByteSize raises)."""
     from google.protobuf.message import EncodeError
 
+    from xrl.frontends.onnx_io import initializer_bytes
+
+    limit = 2 ** 31 - 2 ** 20
+    weights = initializer_bytes(model)  # cheap; ByteSize walks the whole message
+    if weights > limit or weights < limit // 2:
+        return weights > limit
     try:
-        return model.ByteSize() > 2 ** 31 - 2 ** 20
+        return model.ByteSize() > limit
     except EncodeError:
         return True
 

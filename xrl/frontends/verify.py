@@ -20,7 +20,7 @@ from onnx import helper
 
 from xrl.errors import DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
-from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, save_onnx, trim_heap
+from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, initializer_bytes, save_onnx, trim_heap
 from xrl.ir import Graph
 from xrl.quiet import quiet_onnxruntime
 
@@ -140,7 +140,7 @@ def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str 
     so.add_session_config_entry("session.disable_prepacking", "1")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
     try:
-        if sum(t.ByteSize() for t in model.graph.initializer) > EXTERNAL_DATA_THRESHOLD:
+        if initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory() as d:  # too big for one protobuf: go through a file
                 path = save_onnx(model, Path(d) / "model.onnx")
                 return ort.InferenceSession(str(path), so, providers=providers)
