@@ -64,7 +64,7 @@ def main() -> int:
     horizon = args.horizon or 6
     if args.observation == "release" and not args.horizon:
         from xrl.env import resolve_graph
-        from xrl.search.rl_search import default_horizon
+        from xrl.env.graph_rewrite import default_horizon
 
         horizon = default_horizon(resolve_graph(args.graph))
     env = gym.make("xrl/GraphRewrite-v0", graph=args.graph, max_candidates=args.max_candidates,
