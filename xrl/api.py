@@ -187,6 +187,9 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
     start, reports = _prepassed(loaded, tgt.prepasses if prepass is None else tuple(prepass), input_shapes,
                                 budget)
+    # The guard times the pre-passes' result even where the estimate drops it: the estimate proposes, the
+    # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
+    prepassed = start
     # within the estimate's resolution (a bias read as a Gemm input or an Add's) the peers' form is kept
     if start is not loaded.graph and cost_model.cost(start) > original_cost * (1 + PREPASS_TOLERANCE):
         reports.append({"name": "(all)", "applied": False, "detail": "dropped: estimated slower than the original"})
@@ -224,10 +227,11 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         # each candidate with the graph its file is exported from, not the file: a model's worth of weights
         # apiece while the guard runs; the chosen one is exported again (to_onnx is deterministic)
         candidates = []
-        if start is not loaded.graph:
-            pre_export = to_onnx(start)
+        if prepassed is not loaded.graph:
+            pre_export = to_onnx(prepassed)
             if compare_models(loaded.reference, pre_export, seed=seed, trials=verify_trials).ok:
-                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)), start))
+                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)),
+                                   prepassed))
             del pre_export
         candidates.append((GuardCandidate("search", written), best))
         exported = None  # the search's file too: exported again below if the guard keeps it
@@ -250,7 +254,11 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             exported = to_onnx(best)
         elif chosen[0].label == "pre-pass":
             written, exported = chosen[0].graph, to_onnx(chosen[1])
-            outcome = SearchResult(graph=start, details=outcome.details)
+            outcome = SearchResult(graph=prepassed, details=outcome.details)
+            if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so
+                reports.append({"name": "(all)", "applied": True, "nodes_before": len(loaded.graph),
+                                "nodes_after": len(prepassed),
+                                "detail": "kept after all: the guard measured the pre-passes' result fastest"})
         elif chosen[0].label == roofline_label(search):
             written, exported = chosen[0].graph, to_onnx(chosen[1])
             outcome = SearchResult(graph=written, steps=alternative[2], details=outcome.details)
