@@ -213,3 +213,14 @@ def test_interleaved_rotary_of_llama_eager_fuses_and_reaches_its_limit(results: 
     assert all({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("interleaved") == 1 for n in ropes)
     assert _histogram(result.model) == _histogram(limit.model)
     assert result.verified and result.max_abs_err < 1e-4
+
+
+def test_the_transformers_pre_pass_reads_the_head_count_off_the_reshapes():
+    """HF BertSelfAttention as TorchScript exports it: the optimizer cannot find the head count itself
+    (num_heads=0 fuses no Attention); the heads a Reshape to [batch, seq, heads, head size] names can."""
+    from xrl.frontends.prepass import _head_shapes, _ort_transformers
+
+    model = F.build_onnx("attn_bert", "small", "ts")
+    assert _head_shapes(model) == [(4, 64)]
+    fused, detail = _ort_transformers(model)
+    assert Counter(n.op_type for n in fused.graph.node)["Attention"] == 2, detail

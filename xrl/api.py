@@ -256,7 +256,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             written, exported = chosen[0].graph, to_onnx(chosen[1])
             outcome = SearchResult(graph=prepassed, details=outcome.details)
             if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so
-                reports.append({"name": "(all)", "applied": True, "nodes_before": len(loaded.graph),
+                reports.append({"name": "(all)", "applied": True, "nodes_before": len(reference.graph.node),
                                 "nodes_after": len(prepassed),
                                 "detail": "kept after all: the guard measured the pre-passes' result fastest"})
         elif chosen[0].label == roofline_label(search):

@@ -87,22 +87,45 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     best, best_type, best_fused = model, "", 0
+    # (0, 0) lets the optimizer find the head count itself; where it cannot, the heads a Reshape to
+    # [batch, seq, heads, head size] names are what a user would pass it
+    shapes = [(0, 0), *_head_shapes(model)]
     for model_type in ("bert", "gpt2"):
-        if any(n.op_type == "Attention" for n in best.graph.node):
-            break  # the encoder fusions found attention: the decoder ones will not add to it
-        try:
-            with _quiet():
-                out = optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=0, hidden_size=0,
-                                     opt_level=0, use_gpu=False).model
-        except Exception as e:  # the optimizer's fusions assert on shapes they do not expect
-            log.info("ort-transformers (%s) failed: %s", model_type, e)
-            continue
-        fused = sum(1 for n in out.graph.node if n.domain == CONTRIB_DOMAIN)
-        if fused > best_fused:
-            best, best_type, best_fused = out, model_type, fused
+        for heads, hidden in shapes:
+            if any(n.op_type == "Attention" for n in best.graph.node):
+                break  # attention is fused: the other settings will not add to it
+            try:
+                with _quiet():
+                    out = optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=heads,
+                                         hidden_size=hidden, opt_level=0, use_gpu=False).model
+            except Exception as e:  # the optimizer's fusions assert on shapes they do not expect
+                log.info("ort-transformers (%s, %d heads) failed: %s", model_type, heads, e)
+                continue
+            fused = sum(1 for n in out.graph.node if n.domain == CONTRIB_DOMAIN)
+            if fused > best_fused:
+                best, best_type, best_fused = out, model_type, fused
     if not best_fused:
         return model, "no fusion applies"
     return _typed(best), f"model type {best_type}: {best_fused} fused ops"
+
+
+def _head_shapes(model: onnx.ModelProto, most: int = 2) -> list[tuple[int, int]]:
+    """(heads, hidden size) pairs read off constant Reshape targets [batch, seq, heads, head size]."""
+    from onnx import numpy_helper
+
+    consts = {t.name: t for t in model.graph.initializer if len(t.dims) == 1 and t.dims[0] == 4}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            t = n.attribute[0].t
+            if len(t.dims) == 1 and t.dims[0] == 4:
+                consts[n.output[0]] = t
+    counts: Counter = Counter()
+    for n in model.graph.node:
+        if n.op_type == "Reshape" and len(n.input) > 1 and n.input[1] in consts:
+            heads, size = (int(v) for v in numpy_helper.to_array(consts[n.input[1]])[2:])
+            if heads > 1 and size > 1:
+                counts[(heads, heads * size)] += 1
+    return [pair for pair, _ in counts.most_common(most)]
 
 
 def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
