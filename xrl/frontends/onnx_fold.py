@@ -344,14 +344,167 @@ def remove_dead(work: OnnxWork) -> None:
 
 
 def simplify(work: OnnxWork, label: str) -> dict[str, TypeProto]:
-    """Shape inference and constant folding to a fixed point; returns the final value types."""
+    """Shape inference and constant folding to a fixed point, then channel pads (`fold_channel_pads`);
+    returns the final value types."""
     remove_dead(work)
     for _ in range(_MAX_ROUNDS):
         types = infer_types(work, label)
         if not fold_constants(work, types, label):
-            return types
+            break
         remove_dead(work)
-    return infer_types(work, label)
+    else:
+        types = infer_types(work, label)
+    if fold_channel_pads(work, types):
+        remove_dead(work)
+        types = infer_types(work, label)
+    return types
+
+
+# ----- pads with a per-channel value -----------------------------------------------------------
+# A constant Pad whose border is then overwritten with one value per channel by slice assignments
+# (Diverse Branch Block's BNAndPadLayer: `out = F.pad(x); out[:, :, 0:p, :] = v; ...`), which both torch
+# exporters write as ScatterNDs with constant indices and updates (dynamo between Transposes). ScatterND
+# is opaque to the IR; the chain computes Pad(x - v) + v with v of shape (1, C, 1, ...), which is what
+# import writes instead, so that rules can reason about the pad (tests/test_dbb.py).
+_CHAIN_OPS = frozenset({"Transpose", "Identity", "ScatterND"})
+_MAX_CHAIN = 16
+_MAX_CHANNEL_PAD = 1 << 23  # elements of a padded tensor the check evaluates (three float64 copies)
+
+
+def _chain_step(node: NodeProto, arr: np.ndarray, consts: Mapping[str, np.ndarray], nan_updates: bool) -> np.ndarray:
+    if node.op_type == "Identity":
+        return arr
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Transpose":
+        return np.transpose(arr, attrs.get("perm"))
+    idx, upd = consts[node.input[1]].astype(np.int64), consts[node.input[2]]
+    out = arr.copy()
+    out[tuple(np.moveaxis(idx, -1, 0))] = np.full(upd.shape, np.nan) if nan_updates else upd
+    return out
+
+
+def _channel_pad(pad: NodeProto, chain: list[NodeProto], shape: tuple[int, ...], pads: np.ndarray,
+                 consts: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The per-channel border values (shape (1, C, 1, ...)) when Pad then `chain` computes Pad(x) with its
+    whole border, and only its border, overwritten by one value per channel; else None."""
+    rank = len(shape)
+    padded = tuple(int(d + pads[i] + pads[i + rank]) for i, d in enumerate(shape))
+    n = math.prod(padded)
+    if n > _MAX_CHANNEL_PAD:
+        return None
+    ids = np.arange(n, dtype=np.float64).reshape(padded)
+    src, val = ids, np.zeros(padded)
+    try:
+        for node in chain:
+            src = _chain_step(node, src, consts, True)
+            val = _chain_step(node, val, consts, False)
+    except (ValueError, IndexError, TypeError):
+        return None
+    if src.shape != padded:
+        return None
+    written = np.isnan(src)
+    border = np.ones(padded, bool)
+    border[tuple(slice(int(pads[i]), padded[i] - int(pads[i + rank])) for i in range(rank))] = False
+    if not border.any() or not np.array_equal(written, border) or not np.array_equal(src[~written], ids[~written]):
+        return None
+    per_channel = np.moveaxis(np.where(border, val, np.nan), 1, 0).reshape(padded[1], -1)
+    v = np.nanmax(per_channel, axis=1)
+    if not np.array_equal(np.nanmin(per_channel, axis=1), v):
+        return None
+    return v.reshape((1, padded[1]) + (1,) * (rank - 2))
+
+
+def fold_channel_pads(work: OnnxWork, types: Mapping[str, TypeProto]) -> int:
+    """Write every Pad whose border a chain of constant ScatterNDs (through Transposes and Identities)
+    overwrites with one value per channel as Pad(x - v) + v (or Pad(x, value) where every channel's value
+    is the same). Returns how many were rewritten."""
+    consumers: dict[str, list[NodeProto]] = {}
+    for node in work.nodes:
+        for v in node.input:
+            consumers.setdefault(v, []).append(node)
+    outputs = {v.name for v in work.outputs}
+    replace: dict[int, list[NodeProto]] = {}  # id of a chain's last node -> its replacement
+    drop: set[int] = set()
+    for pad in work.nodes:
+        if pad.op_type != "Pad" or pad.domain not in DEFAULT_DOMAINS or len(pad.input) > 3:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+        shape = static_shape(types.get(pad.input[0]))
+        if attrs.get("mode", b"constant") not in (b"constant", "constant") or shape is None or len(shape) < 3:
+            continue
+        if len(pad.input) < 2 or pad.input[1] not in work.consts:
+            continue
+        if len(pad.input) == 3 and pad.input[2] and pad.input[2] not in work.consts:
+            continue
+        pads = work.consts[pad.input[1]].astype(np.int64).reshape(-1)
+        rank = len(shape)
+        if pads.size != 2 * rank or pads.min() < 0 or pads[[0, 1, rank, rank + 1]].any():
+            continue
+        chain: list[NodeProto] = []
+        cur = pad.output[0]
+        while len(chain) < _MAX_CHAIN and cur not in outputs and len(consumers.get(cur, ())) == 1:
+            node = consumers[cur][0]
+            if node.op_type not in _CHAIN_OPS or node.domain not in DEFAULT_DOMAINS or node.input[0] != cur:
+                break
+            if node.op_type == "ScatterND" and (len(node.input) != 3 or node.input[1] not in work.consts
+                                                or node.input[2] not in work.consts or any(
+                                                    a.name == "reduction" and a.s not in (b"", b"none")
+                                                    for a in node.attribute)):
+                break
+            chain.append(node)
+            cur = node.output[0]
+        while chain and not _identity_layout(chain):
+            chain.pop()  # end where the layout is the Pad's again
+        if not any(n.op_type == "ScatterND" for n in chain):
+            continue
+        v = _channel_pad(pad, chain, shape, pads, work.consts)
+        if v is None:
+            continue
+        elem = types.get(pad.input[0])
+        dtype = helper.tensor_dtype_to_np_dtype(elem.tensor_type.elem_type) if elem is not None else np.float32
+        out, base = chain[-1].output[0], pad.output[0]
+        if np.all(v == v.flat[0]):
+            value = _fresh(work, base + "_channel_value", np.array(v.flat[0], dtype=dtype))
+            new = [helper.make_node("Pad", [pad.input[0], pad.input[1], value], [out], mode="constant")]
+        else:
+            value = _fresh(work, base + "_channel_value", v.astype(dtype))
+            shifted, padded = base + "_shifted", base + "_zero_padded"
+            new = [helper.make_node("Sub", [pad.input[0], value], [shifted]),
+                   helper.make_node("Pad", [shifted, pad.input[1]], [padded], mode="constant"),
+                   helper.make_node("Add", [padded, value], [out])]
+        replace[id(chain[-1])] = new
+        drop.update(id(n) for n in [pad, *chain[:-1]])
+    if not replace:
+        return 0
+    nodes: list[NodeProto] = []
+    for node in work.nodes:
+        if id(node) in replace:
+            nodes.extend(replace[id(node)])
+        elif id(node) not in drop:
+            nodes.append(node)
+    work.nodes = nodes
+    return len(replace)
+
+
+def _identity_layout(chain: Sequence[NodeProto]) -> bool:
+    """Whether the Transposes of `chain` compose to no permutation."""
+    perm: list[int] | None = None
+    for node in chain:
+        if node.op_type == "Transpose":
+            p = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if p is None:
+                return False
+            perm = p if perm is None else [perm[i] for i in p]
+    return perm is None or perm == sorted(perm)
+
+
+def _fresh(work: OnnxWork, name: str, value: np.ndarray) -> str:
+    k, out = 0, name
+    while out in work.consts:
+        k += 1
+        out = f"{name}_{k}"
+    work.consts[out] = value
+    return out
 
 
 def _try_fold(node: NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[str, TypeProto],
