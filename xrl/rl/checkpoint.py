@@ -130,19 +130,28 @@ def save_checkpoint(path: str | Path, policy: GraphPolicy, *, optimizer: torch.o
     return atomic_torch_save(ckpt, path)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, *, fmt: str, what: str, missing_hint: str, wrong_hint: str = ""
+                    ) -> dict[str, Any]:
+    """A checkpoint of format `fmt` read back and its checksum checked: the one reader behind the rewrite
+    policy's and the pass-ordering policy's loaders. `what` names the kind in messages."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such policy checkpoint (train one with `xrl train`, or omit --policy "
-                              "to use the shipped one)")
+        raise CheckpointError(f"{path}: no such {what} checkpoint ({missing_hint})")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"{path} is not a readable xrl checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an xrl policy checkpoint (expected format {FORMAT})")
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != fmt:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else None
+        raise CheckpointError(f"{path} is not a {what} checkpoint (format {found!r}, expected {fmt})"
+                              + (f"; {wrong_hint}" if wrong_hint else ""))
     verify_checksum(ckpt, path)
     return ckpt
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    return read_checkpoint(path, fmt=FORMAT, what="policy",
+                           missing_hint="train one with `xrl train`, or omit --policy to use the shipped one")
 
 
 def load_policy(path: str | Path) -> tuple[GraphPolicy, dict[str, Any]]:

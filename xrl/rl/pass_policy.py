@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from xrl.env.passes import PASSES, op_vocab
-from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, verify_checksum
+from xrl.rl.checkpoint import CheckpointError, atomic_torch_save, read_checkpoint
 
 FORMAT = "xrl-pass-policy/1"
 _MASKED = -1e8  # logit of a masked pass (not -inf: the entropy of a masked categorical stays finite)
@@ -99,20 +99,9 @@ def save_pass_checkpoint(path: Path, policy: PassPolicy, **entries: Any) -> Path
 
 
 def load_pass_checkpoint(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such pass-ordering checkpoint "
-                              "(train one with `xrl train env=pass_ordering`)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        found = ckpt.get("format") if isinstance(ckpt, dict) else None
-        raise CheckpointError(f"{path} is not a pass-ordering policy (format {found!r}, expected {FORMAT}); "
-                              "a rewrite policy is evaluated by `xrl eval` without --env pass_ordering")
-    verify_checksum(ckpt, path)
-    return ckpt
+    return read_checkpoint(path, fmt=FORMAT, what="pass-ordering policy",
+                           missing_hint="train one with `xrl train env=pass_ordering`",
+                           wrong_hint="a rewrite policy is evaluated by `xrl eval` without --env pass_ordering")
 
 
 def load_pass_policy(path: str | Path) -> tuple[PassPolicy, dict[str, Any]]:
