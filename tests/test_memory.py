@@ -64,9 +64,9 @@ def test_verification_holds_one_session_at_a_time(monkeypatch):
     made: list[weakref.ref] = []
     open_session = verify._session
 
-    def tracked(model, providers, role="model"):  # noqa: ANN001
+    def tracked(model, providers, role="model", external=None):  # noqa: ANN001
         assert all(r() is None for r in made), f"a session was still alive when the {role}'s opened"
-        session = open_session(model, providers, role)
+        session = open_session(model, providers, role, external)
         made.append(weakref.ref(session))
         return session
 

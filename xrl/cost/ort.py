@@ -114,7 +114,9 @@ class OrtCostModel(WholeGraphCostModel):
             so.intra_op_num_threads = self.options.threads
         so.log_severity_level = 3  # errors only: no warnings per session in a search loop
         try:
-            return _open_session(to_onnx(graph, opset=self.options.opset), so, list(self.providers))
+            weights: dict = {}
+            head = to_onnx(graph, opset=self.options.opset, external=weights)
+            return _open_session(head, so, list(self.providers), weights)
         except Exception as e:  # onnxruntime raises its own untyped Fail/InvalidGraph/NotImplemented
             raise OrtSessionError(f"onnxruntime cannot load graph {graph.name!r} ({brief_error(e)}); "
                                   f"cost it with the 'analytic' model instead") from e
@@ -129,30 +131,14 @@ class OrtCostModel(WholeGraphCostModel):
                              clock=calling_thread_clock(not cuda, self.options.threads))
 
 
-def _open_session(model: Any, so: Any, providers: list[str]) -> onnxruntime.InferenceSession:
-    """A session of `model` (an onnx.ModelProto, consumed) that leaves no copy of its weights behind: the
-    model and its serialised bytes are dropped as soon as onnxruntime has read them, so a measurement holds
-    the session's weights alone (the guard times a fresh session per graph per round). Weights past
-    protobuf's 2 GiB go through a temporary file with external data."""
-    import tempfile
-    from pathlib import Path
+def _open_session(model: Any, so: Any, providers: list[str], external: Any = None) -> onnxruntime.InferenceSession:
+    """A session of `model` (an onnx.ModelProto, consumed; a head whose weights are the graph's own arrays in
+    `external`) that costs the session's own copy of the weights and no other: onnxruntime gets the head
+    and copies each array once (`xrl.frontends.verify.open_session`). The guard times a fresh session per
+    graph per round: serialising each candidate whole held its weights three more times while it opened."""
+    from xrl.frontends.verify import open_session
 
-    import onnxruntime as ort
-
-    from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, initializer_bytes, save_onnx, trim_heap
-
-    if initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD:
-        with tempfile.TemporaryDirectory(prefix="xrl-ort-") as d:
-            path = save_onnx(model, Path(d) / "model.onnx")
-            del model
-            session = ort.InferenceSession(str(path), so, providers=providers)
-    else:
-        data = model.SerializeToString()
-        del model
-        session = ort.InferenceSession(data, so, providers=providers)
-        del data
-    trim_heap()
-    return session
+    return open_session(model, so, providers, external)
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:

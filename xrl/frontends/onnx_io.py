@@ -16,7 +16,7 @@ import glob
 import math
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -92,22 +92,28 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
 
 
 def from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
-              name: str | None = None) -> Graph:
-    """An in-memory ModelProto as a validated Graph (the model itself is left unchanged)."""
+              name: str | None = None, external: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """An in-memory ModelProto as a validated Graph (the model itself is left unchanged). `external`: the
+    arrays of a model exported with `to_onnx(..., external=...)`, taken as they are (no copy)."""
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"from_onnx expects an onnx.ModelProto, got {type(model).__name__}")
     label = name or model.graph.name or "model"
-    return _import(model, input_shapes, label, label)
+    return _import(model, input_shapes, label, label, external)
 
 
 def _import(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None, name: str,
-            label: str) -> Graph:
+            label: str, external: Mapping[str, np.ndarray] | None = None) -> Graph:
+    if external:  # the weights kept apart are put in after the model's tensors are read: no bytes copied
+        model = _with_placeholders(model, external)
     model = _upgrade_opset(model, label)
     if model.functions:  # model-local functions (the dynamo exporter's modules): inline to plain ops
         import onnx.inliner
 
         model = onnx.inliner.inline_local_functions(model)
     work = OnnxWork.from_model(model, label)
+    for k, arr in (external or {}).items():
+        if k in work.consts:
+            work.consts[k] = arr
     pin_input_shapes(work, input_shapes, label)
     types = simplify(work, label)
     return _to_graph(work, types, name, label)
@@ -349,12 +355,99 @@ def _attr_value(a: AttributeProto, node: str, label: str):
 
 
 # ===== export ==================================================================================
-def to_onnx(graph: Graph, *, opset: int | None = None) -> onnx.ModelProto:
+def to_onnx(graph: Graph, *, opset: int | None = None,
+            external: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
     """The graph as an ONNX model at `opset` (default: 17, or the oldest newer one the graph needs).
 
     Inputs keep their names; outputs get `graph.output_names` (an Identity is added where the value
-    computing an output is named differently)."""
-    return _Exporter(graph, _export_opset(graph, opset)).build()
+    computing an output is named differently).
+
+    With `external` (a dict, filled here), weights of _EXTERNAL_MIN_TENSOR bytes and more are not copied
+    into the model: their tensors keep dtype and dims and point at MEMORY_LOCATION, and `external` maps
+    their names to the graph's own arrays. Such a model (a "head") is what `save_onnx`, `from_onnx`,
+    `xrl.frontends.verify` and the onnxruntime cost models take with its `external` arrays: the weights
+    are never serialised in memory (a model's worth of bytes per export)."""
+    return _Exporter(graph, _export_opset(graph, opset), external).build()
+
+
+# Where the weights of a head (`to_onnx(..., external=...)`) are: in the caller's arrays, not in a file
+MEMORY_LOCATION = "xrl:in-memory"
+
+
+def _kept_apart(arr: np.ndarray) -> bool:
+    """Whether a weight goes to `external`: big enough to matter, of a dtype onnxruntime can wrap."""
+    return arr.nbytes >= _EXTERNAL_MIN_TENSOR and arr.dtype.kind in "fiub" and arr.dtype.isnative
+
+
+def _mark_external(t: TensorProto) -> None:
+    t.data_location = TensorProto.EXTERNAL
+    entry = t.external_data.add()
+    entry.key, entry.value = "location", MEMORY_LOCATION
+
+
+def in_memory(t: TensorProto) -> bool:
+    """Whether `t` is a head's tensor whose bytes are kept apart (`to_onnx(..., external=...)`)."""
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == MEMORY_LOCATION for e in t.external_data)
+
+
+def split_model(model: onnx.ModelProto, like: Mapping[str, np.ndarray] | None = None
+                ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A full model as a head and its big weights apart (see `to_onnx`), leaving `model` unchanged. A
+    weight whose bytes equal the array `like` holds under its name (the IR imported from this model) is
+    that array; any other is read from the model (one tensor's bytes at a time while comparing)."""
+    head = onnx.ModelProto()
+    _copy_fields(head, model, skip="graph")
+    _copy_fields(head.graph, model.graph, skip="initializer")
+    external: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        out = head.graph.initializer.add()
+        if not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL \
+                or t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED) or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR:
+            out.CopyFrom(t)
+            continue
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+        if dtype.kind not in "fiub" or not dtype.isnative:
+            out.CopyFrom(t)
+            continue
+        raw = t.raw_data
+        arr = np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
+        known = like.get(t.name) if like is not None else None
+        if known is not None and known.dtype == arr.dtype and known.shape == arr.shape and known.flags.c_contiguous \
+                and np.array_equal(known.reshape(-1).view(np.uint8), arr.reshape(-1).view(np.uint8)):
+            arr = known
+        del raw
+        _copy_fields(out, t, skip=("raw_data", "data_location", "external_data"))
+        _mark_external(out)
+        external[t.name] = arr
+    return head, external
+
+
+def materialize(head: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The full model of a head and its weights (a copy of every weight's bytes)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(head)
+    for t in model.graph.initializer:
+        if in_memory(t):
+            arr = external[t.name]
+            t.ClearField("external_data")
+            t.ClearField("data_location")
+            t.raw_data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    return model
+
+
+def _with_placeholders(head: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of a head (small: no weights) whose kept-apart tensors are empty placeholders the import reads
+    without copying anything; `_import` puts the arrays in their place."""
+    model = onnx.ModelProto()
+    model.CopyFrom(head)
+    for t in model.graph.initializer:
+        if t.name in external and in_memory(t):
+            t.ClearField("external_data")
+            t.ClearField("data_location")
+            del t.dims[:]
+            t.dims.append(0)
+    return model
 
 
 def _export_opset(graph: Graph, opset: int | None) -> int:
@@ -424,8 +517,9 @@ def _node_min_opset(node: Node) -> int:
 class _Exporter:
     """One export: Graph -> ModelProto at a fixed opset."""
 
-    def __init__(self, graph: Graph, opset: int) -> None:
+    def __init__(self, graph: Graph, opset: int, external: dict[str, np.ndarray] | None = None) -> None:
         self.g = graph
+        self.external = external
         self.opset = opset
         self.taken = set(graph.types) | set(graph.initializers) | set(graph.nodes) | set(graph.output_names)
         self.nodes: list[NodeProto] = []
@@ -570,9 +664,9 @@ class _Exporter:
         graph.value_info.extend(_value_info(self.r(v), g.types[v]) for n in g.topological_order
                                 for v in n.outputs if self.r(v) not in outputs)
         for k, arr in g.initializers.items():
-            _fill_tensor(graph.initializer.add(), self.r(k), arr)
+            _fill_tensor(graph.initializer.add(), self.r(k), arr, self.external)
         for k, arr in self.consts.items():
-            _fill_tensor(graph.initializer.add(), k, arr)
+            _fill_tensor(graph.initializer.add(), k, arr, self.external)
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.domains.items())]
         model.opset_import.extend(opsets)
         model.producer_name = "xrl"
@@ -580,13 +674,18 @@ class _Exporter:
         return model
 
 
-def _fill_tensor(t: TensorProto, name: str, arr: np.ndarray) -> None:
+def _fill_tensor(t: TensorProto, name: str, arr: np.ndarray, external: dict[str, np.ndarray] | None = None) -> None:
     """Write a weight straight into the graph's TensorProto: numpy_helper.from_array plus an append
-    copies every byte twice more, which is seconds for a model of a few hundred MB."""
+    copies every byte twice more, which is seconds for a model of a few hundred MB. With `external`, a
+    big weight is not copied at all: the tensor points at MEMORY_LOCATION and `external` holds the array."""
     arr = np.asarray(arr, dtype=np.dtype(arr.dtype).newbyteorder("<"))  # ONNX raw data is little-endian
     t.name = name
     t.data_type = DTYPE_TO_ONNX[TensorType.of(arr).dtype]
     t.dims.extend(arr.shape)
+    if external is not None and _kept_apart(arr):
+        _mark_external(t)
+        external[name] = np.ascontiguousarray(arr)  # the graph's own array (weights are C-contiguous)
+        return
     t.raw_data = arr.tobytes()  # C order, whatever the array's strides
 
 
@@ -632,12 +731,19 @@ def _make_attr(key: str, value, schema: onnx.defs.OpSchema | None, node: str) ->
 
 
 # ===== writing =================================================================================
-def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike,
+              external: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write `model` atomically (a temporary file in the same folder, then a rename): a failed or
     interrupted write never leaves a partial file. Weights past ~1.8 GB go to `<name>.<hash>.data`
     beside it, a name of their own per content, so the model and its weights change together: the
     model's rename is the one commit point. Temporary files a killed xrl left behind, and weight files
-    no model at `path` refers to any more, are removed."""
+    no model at `path` refers to any more, are removed.
+
+    `model` may be a head with its weights in `external` (`to_onnx(..., external=...)`): the file is the
+    same model, written from the arrays as they are (no serialised copy of the model in memory)."""
+    missing = [t.name for t in model.graph.initializer if in_memory(t) and t.name not in (external or {})]
+    if missing:
+        raise XrlError(f"cannot write the model: weight {missing[0]!r} is kept apart and was not given")
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{path} is a directory; give a file path such as {path / 'model.onnx'}")
@@ -648,15 +754,63 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     try:
         weight_bytes = initializer_bytes(model)
         if weight_bytes > EXTERNAL_DATA_THRESHOLD:
-            data_name = _save_external(model, path)
+            data_name = _save_external(model, path, external)
         else:
-            write_atomic(path, model.SerializeToString())
+            write_atomic(path, _serialized(model, external))
             data_name = None
     except OSError as e:
         raise OutputPathError(f"cannot write {path} ({e.strerror or brief_error(e)}); check the folder is writable "
                               f"and has space") from e
     _remove_old_data(path, keep=data_name)
     return path
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _length_field(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+
+
+def _serialized(model: onnx.ModelProto, external: Mapping[str, np.ndarray] | None) -> Iterator[bytes | memoryview]:
+    """The model's protobuf bytes, in chunks: a head's kept-apart weights are written from their arrays.
+    Protobuf merges a message given in parts (repeated fields append), so the model without initializers,
+    then each initializer as a model holding only it, reads back as the model itself."""
+    if not any(in_memory(t) for t in model.graph.initializer):
+        yield model.SerializeToString()
+        return
+    head = onnx.ModelProto()
+    _copy_fields(head, model, skip="graph")
+    _copy_fields(head.graph, model.graph, skip="initializer")
+    yield head.SerializeToString()
+    del head
+    for t in model.graph.initializer:
+        if not in_memory(t):
+            part = onnx.ModelProto()
+            part.graph.initializer.add().CopyFrom(t)
+            yield part.SerializeToString()
+            continue
+        arr = np.ascontiguousarray(external[t.name], dtype=external[t.name].dtype.newbyteorder("<"))
+        raw = memoryview(arr.reshape(-1).view(np.uint8))
+        fields = onnx.TensorProto()
+        _copy_fields(fields, t, skip=("raw_data", "data_location", "external_data"))
+        tensor = fields.SerializeToString() + _length_field(_RAW_DATA_FIELD, raw.nbytes)
+        size = len(tensor) + raw.nbytes
+        entry = _length_field(_INITIALIZER_FIELD, size)
+        yield _length_field(_GRAPH_FIELD, len(entry) + size) + entry + tensor
+        yield raw
 
 
 def _copy_fields(dst, src, skip: str | Sequence[str] = ()) -> None:  # noqa: ANN001 - protobuf messages
@@ -685,7 +839,7 @@ def _remove_old_data(path: Path, keep: str | None) -> None:
                 p.unlink()
 
 
-def _save_external(model: onnx.ModelProto, path: Path) -> str:
+def _save_external(model: onnx.ModelProto, path: Path, external: Mapping[str, np.ndarray] | None = None) -> str:
     """Big tensors' bytes to `<path>.<hash>.data`, the rest to `path`; returns the data file's name.
     The data file gets its final name before the model is replaced, and that name is new whenever the
     weights are, so a crash at any point leaves the old model with its own weights or the new model
@@ -698,18 +852,24 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
     head = onnx.ModelProto()
     _copy_fields(head, model, skip="graph")
     _copy_fields(head.graph, model.graph, skip="initializer")
-    external: list[TensorProto] = []
+    written: list[TensorProto] = []
     # the weights' temporary gets its final name (from their digest) when the block ends
     with atomic_write(path, suffix=".data.tmp") as pending:
         with pending.open("wb") as f:
             offset = 0
             for t in model.graph.initializer:
                 out = head.graph.initializer.add()
-                if not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL \
-                        or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR:
+                kept_apart = in_memory(t)
+                if not kept_apart and (not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL
+                                       or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR):
                     out.CopyFrom(t)
                     continue
-                raw = t.raw_data  # one tensor's bytes at a time
+                if kept_apart:  # the array's own bytes, little-endian as ONNX stores them
+                    arr = external[t.name]
+                    raw = memoryview(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).reshape(-1)
+                                     .view(np.uint8))
+                else:
+                    raw = t.raw_data  # one tensor's bytes at a time
                 f.write(raw)
                 digest.update(raw)
                 _copy_fields(out, t, skip=("raw_data", "data_location", "external_data"))
@@ -717,11 +877,11 @@ def _save_external(model: onnx.ModelProto, path: Path) -> str:
                 for k, v in (("location", ""), ("offset", str(offset)), ("length", str(len(raw)))):
                     entry = out.external_data.add()
                     entry.key, entry.value = k, v
-                external.append(out)
-                offset += len(raw)
+                written.append(out)
+                offset += len(raw)  # a memoryview of bytes: its length is its bytes
                 del raw
         data_name = f"{path.name}.{digest.hexdigest()}.data"
-        for t in external:
+        for t in written:
             t.external_data[0].value = data_name
         try:
             head = head.SerializeToString()

@@ -9,10 +9,8 @@ and boolean outputs must match exactly.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,7 +18,7 @@ from onnx import helper
 
 from xrl.errors import DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
-from xrl.frontends.onnx_io import EXTERNAL_DATA_THRESHOLD, brief_error, initializer_bytes, save_onnx, trim_heap
+from xrl.frontends.onnx_io import brief_error, in_memory, split_model, to_onnx, trim_heap
 from xrl.ir import Graph
 from xrl.quiet import quiet_onnxruntime
 
@@ -128,7 +126,10 @@ def random_feeds(model_or_graph: onnx.ModelProto | Graph, seed: int) -> dict[str
 
 
 # ----- running ---------------------------------------------------------------------------------
-def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str = "model"):
+def _session(model: onnx.ModelProto | Graph, providers: Sequence[str] | None, role: str = "model",
+             external: Mapping[str, np.ndarray] | None = None):
+    """An onnxruntime session for verification: a few runs on random inputs. `model` is a full model, a
+    head with its weights in `external` (`to_onnx(..., external=...)`), or an IR graph."""
     import onnxruntime as ort
 
     quiet_onnxruntime()
@@ -139,16 +140,11 @@ def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str 
     # MatMul's and Conv's weights for the session's life, for no gain
     so.add_session_config_entry("session.disable_prepacking", "1")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
+    if isinstance(model, Graph):
+        external = {}
+        model = to_onnx(model, external=external)
     try:
-        if initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD:
-            with tempfile.TemporaryDirectory() as d:  # too big for one protobuf: go through a file
-                path = save_onnx(model, Path(d) / "model.onnx")
-                return ort.InferenceSession(str(path), so, providers=providers)
-        data = model.SerializeToString()
-        session = ort.InferenceSession(data, so, providers=providers)
-        del data  # the session has its own copy of every weight: the bytes go now, not when the caller returns
-        trim_heap()
-        return session
+        return open_session(model, so, providers, external)
     except Exception as e:
         foreign = _foreign_nodes(model)
         if foreign:  # say which op it is, not just onnxruntime's "not a registered function/op"
@@ -158,6 +154,34 @@ def _session(model: onnx.ModelProto, providers: Sequence[str] | None, role: str 
                                     f"onnxruntime does not implement, so xrl cannot verify it "
                                     f"({brief_error(e)})") from e
         raise VerificationError(f"onnxruntime cannot load the {role} {model.graph.name!r} ({brief_error(e)})") from e
+
+
+def open_session(model: onnx.ModelProto, so, providers: Sequence[str],  # noqa: ANN001 - SessionOptions
+                 external: Mapping[str, np.ndarray] | None = None, like: Mapping[str, np.ndarray] | None = None):
+    """An onnxruntime session of `model` that costs one copy of its weights, the session's own: the
+    model goes to onnxruntime as a head without its big weights, and the weights as arrays onnxruntime
+    copies once (`SessionOptions.add_external_initializers`). A full model is split first, each weight
+    read from it (or, where its bytes equal the array `like` holds under its name, that array); a head
+    comes with its `external` arrays. Serialising the whole model instead held its bytes three times
+    while onnxruntime parsed them (the bytes, onnxruntime's copy of the protobuf, its tensors), and past
+    protobuf's 2 GiB needed a temporary file."""
+    import onnxruntime as ort
+
+    if external is None and not any(in_memory(t) for t in model.graph.initializer):
+        model, external = split_model(model, like)
+    names = [t.name for t in model.graph.initializer if in_memory(t)]
+    missing = [k for k in names if k not in (external or {})]
+    if missing:
+        raise VerificationError(f"weight {missing[0]!r} of {model.graph.name!r} is kept apart and was not given")
+    if names:
+        # onnxruntime wraps each array (no copy, read-only ones too) and copies it into the session once
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(external[k]))
+                                             for k in names])
+    data = model.SerializeToString()  # the head: no big weights
+    session = ort.InferenceSession(data, so, providers=list(providers))
+    del data, model, external
+    trim_heap()
+    return session
 
 
 # Domains onnxruntime's CPU build implements; a node of any other (xla, a custom one) cannot run.
@@ -187,29 +211,77 @@ def run_onnx(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
 
 
 # ----- comparing -------------------------------------------------------------------------------
-def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, seed: int = 0, trials: int = 2,
-                   rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
-    """Run both models on `trials` random input sets (seeds seed, seed+1, ...) and compare outputs
-    by position. Dims the reference leaves dynamic take the candidate's sizes."""
-    inf = float("inf")
-    specs, problem = _joint_specs(reference, candidate)
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The original's outputs on the verification inputs, taken once (`reference_run`): every candidate
+    is compared with these, so the original's model need not be kept (nor a session of it made again)."""
+
+    specs: tuple[InputSpec, ...]  # the inputs, shapes fixed
+    outputs: tuple[tuple[np.ndarray, ...], ...]  # per trial, the reference's outputs in order
+    names: tuple[str, ...]  # the reference's output names
+    seed: int
+
+    @property
+    def trials(self) -> int:
+        return len(self.outputs)
+
+
+def reference_run(reference: onnx.ModelProto, *, like: onnx.ModelProto | Graph | None = None, seed: int = 0,
+                  trials: int = 2, external: Mapping[str, np.ndarray] | None = None,
+                  weights: Mapping[str, np.ndarray] | None = None) -> ReferenceRun:
+    """Run `reference` on `trials` random input sets (seeds seed, seed+1, ...) and keep its outputs. Dims the
+    reference leaves dynamic take the sizes `like` gives them (the model as imported: every candidate
+    has its inputs); integer inputs stay inside both models' gathered axes. `external`: the reference's
+    weights if it is a head; `weights`: arrays equal to some of its weights (the IR's), used instead of a
+    copy where their bytes are the same."""
+    specs, problem = _joint_specs(reference, like if like is not None else reference)
     if problem:
-        return VerifyResult(False, inf, inf, 0, problem)
-    # One session at a time: each holds a copy of its model's weights (and onnxruntime's pre-packed forms of
-    # them), so the reference's outputs for every trial are taken, and its session dropped, before the
-    # candidate's session is made. Outputs are small; weights are what a session costs.
-    ref_session = _session(reference, None, "reference")
-    ref_outs = [_run(ref_session, make_feeds(specs, seed + t), "reference") for t in range(trials)]
-    del ref_session
+        raise VerificationError(f"the model as imported does not take the original's inputs: {problem}")
+    session = _session_of(reference, "reference", external, weights)
+    outputs = tuple(tuple(_run(session, make_feeds(specs, seed + t), "reference")) for t in range(trials))
+    names = tuple(o.name for o in reference.graph.output)
+    del session
     trim_heap()
+    return ReferenceRun(tuple(specs), outputs, names, seed)
+
+
+def _session_of(model: onnx.ModelProto | Graph, role: str, external: Mapping[str, np.ndarray] | None = None,
+                weights: Mapping[str, np.ndarray] | None = None):
+    if weights is not None and external is None and isinstance(model, onnx.ModelProto) \
+            and not any(in_memory(t) for t in model.graph.initializer):
+        model, external = split_model(model, weights)
+    return _session(model, None, role, external)
+
+
+def compare_to(ref: ReferenceRun, candidate: onnx.ModelProto | Graph, *, external: Mapping[str, np.ndarray] | None
+               = None, rtol: float = 1e-3, atol: float = 1e-4, trials: int | None = None) -> VerifyResult:
+    """Compare `candidate` (a model, a head with its `external` weights, or an IR graph) with the
+    reference's stored outputs, on the same inputs; `trials` (None: all stored) limits how many."""
+    inf = float("inf")
+    cand_specs = {s.name: s for s in input_specs(candidate)}
+    for s in ref.specs:
+        c = cand_specs.pop(s.name, None)
+        if c is None:
+            return VerifyResult(False, inf, inf, 0, f"inputs differ: candidate lacks {s.name!r}")
+        if c.dtype != s.dtype:
+            return VerifyResult(False, inf, inf, 0,
+                                f"input {s.name!r} is {c.dtype} in the candidate but {s.dtype} in the reference")
+        if len(c.shape) != len(s.shape) or any(a is not None and a != b for a, b in zip(c.shape, s.shape)):
+            return VerifyResult(False, inf, inf, 0,
+                                f"input {s.name!r} has shape {c.shape} in the candidate but {s.shape} in the reference")
+        if c.index_bound < s.index_bound:
+            return VerifyResult(False, inf, inf, 0, f"input {s.name!r} indexes an axis of {c.index_bound} in the "
+                                f"candidate, {s.index_bound} in the reference")
+    if cand_specs:
+        return VerifyResult(False, inf, inf, 0, f"inputs differ: candidate has extra {sorted(cand_specs)}")
     try:
-        cand_session = _session(candidate, None, "candidate")
+        cand_session = _session_of(candidate, "candidate", external)
     except VerificationError as e:
         return VerifyResult(False, inf, inf, 0, str(e))
-    names = [o.name for o in reference.graph.output]
+    n = ref.trials if trials is None else min(trials, ref.trials)
     max_abs = max_rel = 0.0
-    for t, ref_out in enumerate(ref_outs):
-        feeds = make_feeds(specs, seed + t)
+    for t, ref_out in enumerate(ref.outputs[:n]):
+        feeds = make_feeds(ref.specs, ref.seed + t)
         try:
             cand_out = _run(cand_session, feeds, "candidate")
         except VerificationError as e:
@@ -221,10 +293,31 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, se
             why, abs_err, rel_err = compare_arrays(r, c, rtol=rtol, atol=atol)
             max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
             if why:
-                return VerifyResult(False, max_abs, max_rel, t + 1, f"output {i} ({names[i]!r}), trial {t}: {why}")
-    return VerifyResult(True, max_abs, max_rel, trials,
-                        f"{len(names)} output(s) agree over {trials} trial(s): max |diff| {max_abs:.3g}, "
+                return VerifyResult(False, max_abs, max_rel, t + 1,
+                                    f"output {i} ({ref.names[i]!r}), trial {t}: {why}")
+    return VerifyResult(True, max_abs, max_rel, n,
+                        f"{len(ref.names)} output(s) agree over {n} trial(s): max |diff| {max_abs:.3g}, "
                         f"max relative {max_rel:.3g} (rtol {rtol:g}, atol {atol:g})")
+
+
+def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, seed: int = 0, trials: int = 2,
+                   rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
+    """Run both models on `trials` random input sets (seeds seed, seed+1, ...) and compare outputs
+    by position. Dims the reference leaves dynamic take the candidate's sizes."""
+    inf = float("inf")
+    specs, problem = _joint_specs(reference, candidate)
+    if problem:
+        return VerifyResult(False, inf, inf, 0, problem)
+    # One session at a time: each holds a copy of its model's weights, so the reference's outputs for every
+    # trial are taken, and its session dropped, before the candidate's session is made. Outputs are small;
+    # weights are what a session costs.
+    ref_session = _session(reference, None, "reference")
+    ref = ReferenceRun(tuple(specs), tuple(tuple(_run(ref_session, make_feeds(specs, seed + t), "reference"))
+                                           for t in range(trials)),
+                       tuple(o.name for o in reference.graph.output), seed)
+    del ref_session
+    trim_heap()
+    return compare_to(ref, candidate, rtol=rtol, atol=atol)
 
 
 def _joint_specs(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> tuple[list[InputSpec], str]:
