@@ -36,11 +36,24 @@ no state the pass scored has achieved(s) + V(s) above the best's achieved reward
 EARN times the time it took to find its best (at least EARN_FLOOR_S): time goes on while it pays, so on
 a graph where nothing beyond the argmax rollout is found the search takes about EARN times the rollout's
 time, not its whole budget. `stop=False` runs to the budget (the ablations' anytime curves).
+
+An `incumbent` (a result found before the search, such as greedy's: what `--search rl` passes with its
+defaults) starts the best, with the clock's start `t0` at the incumbent's own start: with the stop rule the
+search earns ANCHOR_EARN times the incumbent's time (and EARN times the time to any later find), so where
+nothing beyond greedy exists the whole run takes about ANCHOR_EARN times greedy's time, and it never returns
+less than the incumbent.
+
+States come back: the argmax rollout walks greedy's path where it agrees with greedy, and every widening pass
+starts again from the input graph. `MemoEngine` remembers the candidates of the states it enumerated (by graph
+object: a child state is its parent candidate's graph, so a revisited state is the same object), and the
+feature cache remembers each candidate's region by candidate object, so a revisited state costs neither an
+enumeration nor a featurisation; `_score` remembers the prior's judgement of a state at a depth.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +67,62 @@ from xrl.rl.rollout import uphill_paid_off
 WIDTH, EXPAND, ALPHA = 4, 4, 1.1
 # Depths without a new best before a pass stops: the beam wanders uphill for at most this long.
 PATIENCE = 8
-SCORE_BATCH = 32  # states per forward pass when scoring children
+SCORE_BATCH = 8  # states per forward pass when scoring children (the clock is read between batches)
 MAX_EXPAND = 32  # widening doubles the rewrites tried per state up to this
 MAX_ALPHA = 8.0  # relaxing stops here: a climb to 8x the parent's cost is not a step on any useful path
 # The stop rule's earned time: the search goes on for at most EARN times as long as it took to find its
 # best (the rollout's end counts as a find), and always for EARN_FLOOR_S: small graphs' alpha relaxations
 # (lora_decode's climb) take a fraction of a second and are found after several passes with no new best.
 EARN, EARN_FLOOR_S = 2.0, 1.0
+# After an incumbent (greedy's result, with `--search rl`'s defaults), until the search finds better: the run
+# takes at most this many times the incumbent's time (issue 24's goal: 2x greedy's time where nothing is left;
+# the margin is for the last step or scoring batch, which may end past the earned time).
+ANCHOR_EARN = 1.6
+MEMO_STATES = 512  # states whose candidates MemoEngine keeps (least recently used out)
+# A new best must be cheaper by this fraction: the same graph costed along another path is not a find.
+MIN_GAIN = 1e-9
+
+
+class MemoEngine:
+    """A RewriteEngine that remembers the candidates of the last `capacity` graphs it enumerated, by graph
+    object (an entry holds its graph, so an id is not reused while it lives). A list cut short by a search's
+    deadline is not kept. Everything else is the wrapped engine's."""
+
+    def __init__(self, engine: Any, capacity: int = MEMO_STATES) -> None:
+        self.engine, self.capacity = engine, capacity
+        self._memo: OrderedDict[tuple[int, int | None], tuple[Graph, list]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name: str) -> Any:  # rules, max_growth, ...: the engine's
+        return getattr(self.__dict__["engine"], name)
+
+    def candidates(self, graph: Graph, *, original_nodes: int | None = None) -> list:
+        key = (id(graph), original_nodes)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is graph:
+            self._memo.move_to_end(key)
+            self.hits += 1
+            return list(hit[1])
+        self.misses += 1
+        before = getattr(self.engine, "timed_out", 0)
+        cands = self.engine.candidates(graph, original_nodes=original_nodes)
+        if getattr(self.engine, "timed_out", 0) == before and self.capacity > 0:
+            self._memo[key] = (graph, cands)
+            if len(self._memo) > self.capacity:
+                self._memo.popitem(last=False)
+        return list(cands)
+
+
+def memo_engine(engine: Any = None) -> MemoEngine:
+    """`engine` (None: one over the verified built-in rules) wrapped in a MemoEngine, unless it is one."""
+    if isinstance(engine, MemoEngine):
+        return engine
+    if engine is None:
+        from xrl.rewrite import RewriteEngine
+        from xrl.rewrite.rules import load_rules
+
+        engine = RewriteEngine(load_rules())
+    return MemoEngine(engine)
 
 
 @dataclass
@@ -80,12 +142,16 @@ class _Clock:
     deadline: float
     earn: float | None  # None: run to the deadline
     last_find: float = 0.0  # perf_counter() of the last new best
+    factor: float | None = None  # what the last find earns: `earn`, or ANCHOR_EARN for an incumbent
 
     def over(self) -> bool:
         now = time.perf_counter()
         if now >= self.deadline:
             return True
-        return self.earn is not None and now - self.t0 > max(EARN_FLOOR_S, self.earn * (self.last_find - self.t0))
+        if self.earn is None:
+            return False
+        factor = self.earn if self.factor is None else self.factor
+        return now - self.t0 > max(EARN_FLOOR_S, factor * (self.last_find - self.t0))
 
 
 @dataclass
@@ -99,12 +165,13 @@ class _Best:
     trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, best cost) at each new best
 
     def offer(self, cost: float, graph: Graph, steps: list[str], costs: list[float]) -> None:
-        if cost < self.cost:
+        if cost < self.cost * (1 - MIN_GAIN):
             self.cost, self.graph, self.steps, self.uphill = cost, graph, steps, uphill_paid_off(costs)
             self.found()
 
     def found(self) -> None:
         self.clock.last_find = now = time.perf_counter()
+        self.clock.factor = None
         self.trace.append((now - self.clock.t0, self.cost))
 
     @property
@@ -121,31 +188,41 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
                   horizon: int = 50, width: int = WIDTH, expand: int = EXPAND, alpha: float = ALPHA,
                   patience: int = PATIENCE, max_alpha: float = MAX_ALPHA, time_limit: float | None = None,
                   max_candidates: int | None = None, stop: bool = False,
-                  trace: list[tuple[float, float]] | None = None) -> PolicyRun:
+                  trace: list[tuple[float, float]] | None = None,
+                  incumbent: tuple[Graph, float, list[str]] | None = None, t0: float | None = None) -> PolicyRun:
     """The cheapest graph the prior's argmax rollout or the prior-guided beam reached within `time_limit`
-    seconds (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior). With `stop`, the
-    search also ends where it stops paying (the module's doc). `trace`, if given, receives (seconds, best
-    cost) at the start and at every new best: the anytime curve."""
+    seconds of `t0` (default: now) (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior).
+    With `stop`, the search also ends where it stops paying (the module's doc). `incumbent` (graph, cost,
+    steps), found before the call (since `t0`), is the best to beat: the result is never worse, and the
+    earned time counts from the incumbent's find, now. `trace`, if given, receives (seconds, best cost) at the
+    start and at every new best: the anytime curve."""
     if width < 1 or expand < 1:
         raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
     prior = as_prior(prior)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0)
-    if engine is None:  # one engine (its rules parsed and verified once) for the argmax rollout and the beam
-        from xrl.rewrite import RewriteEngine
-        from xrl.rewrite.rules import load_rules
-
-        engine = RewriteEngine(load_rules())
+    # one engine (its rules parsed and verified once) for the argmax rollout and the beam, remembering states
+    engine = memo_engine(engine)
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
     c0 = env.cost0
     best = _Best(c0, graph, [], False, c0, clock)
     best.trace.append((0.0, c0))
+    if incumbent is not None:
+        inc_graph, inc_cost, inc_steps = incumbent
+        best.offer(inc_cost, inc_graph, list(inc_steps), [c0, inc_cost])
+        clock.last_find = time.perf_counter()  # the incumbent's find (an equal one is a find too)
+        clock.factor = ANCHOR_EARN
+    judged: dict[tuple[int, int], tuple[Graph, Judgement]] = {}  # (graph id, depth) -> the prior's judgement
     env_steps, rollout_speedups = 0, []
     if prior.rolls_out:
-        first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, clock.deadline, best)
+        # After an incumbent the rollout is on the stop rule's clock too; alone it runs to the budget, as the
+        # passes earn their time from its end
+        roll_clock = clock if incumbent is not None else _Clock(t0, clock.deadline, None, t0)
+        first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, roll_clock, best)
         env_steps, rollout_speedups = first.env_steps, [first.speedup]
-        clock.last_find = time.perf_counter()  # the rollout's end: the passes earn time from here
+        if incumbent is None:
+            clock.last_find = time.perf_counter()  # the rollout's end: the passes earn time from here
     states, last, passes = 0, 0, []
     # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
     # A pass that explored no more states than the last one has seen the whole space reachable under
@@ -154,7 +231,7 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
         passes.append((width, expand, alpha))
         before = best.cost
         explored, bound = _beam_pass(env, c0, prior, best, width=width, expand=expand, alpha=alpha,
-                                     patience=patience, clock=clock)
+                                     patience=patience, clock=clock, judged=judged)
         env_steps += explored
         states += explored
         if stop and prior.has_value and best.cost >= before and bound <= best.achieved:
@@ -172,16 +249,16 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
 
 
 def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: Any, horizon: int,
-                    max_candidates: int | None, deadline: float, best: _Best) -> PolicyRun:
+                    max_candidates: int | None, clock: _Clock, best: _Best) -> PolicyRun:
     """The prior's argmax from the input until it picks the no-op (a policy's: what `--rl-mode argmax` plays,
-    lowest index on ties). Each cheaper state is offered to `best` as it is reached (the anytime curve
-    counts it then, not when the rollout ends); steps are `rule@location`, as the beam's, so a searched
-    path can be replayed."""
+    lowest index on ties), or the clock says stop (its budget, or with the stop rule its earned time). Each
+    cheaper state is offered to `best` as it is reached (the anytime curve counts it then, not when the
+    rollout ends); steps are `rule@location`, as the beam's, so a searched path can be replayed."""
     t0 = time.perf_counter()
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
     costs, done = [env.cost], False
-    while not done and time.perf_counter() < deadline:
+    while not done and not clock.over():
         action = int(prior.judge([env])[0].log_probs.argmax())
         _, _, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
@@ -192,11 +269,12 @@ def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: A
 
 
 def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, expand: int, alpha: float,
-               patience: int, clock: _Clock) -> tuple[int, float]:
+               patience: int, clock: _Clock, judged: dict | None = None) -> tuple[int, float]:
     """One beam pass from the input graph; updates `best`; returns the number of states it stepped into and
     the highest score (achieved + value) of any state it scored."""
     root = _Node(env, [], [c0])
-    _score([root], prior, c0, clock)
+    if not _score([root], prior, c0, clock, judged):
+        return 0, float("-inf")  # out of time before the root was judged
     beam, seen, stale, beam_best, stepped = [root], {env.graph.canonical_hash}, 0, c0, 0
     bound = root.score
     while beam and stale < patience and not clock.over():
@@ -220,7 +298,7 @@ def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, ex
                 if not (terminated or truncated):
                     children.append(_Node(child, steps, costs))
         if children and not clock.over():
-            children = _score(children, prior, c0, clock)
+            children = _score(children, prior, c0, clock, judged)
             bound = max([bound, *(n.score for n in children)])
         else:
             children = []  # out of time: nothing scored to expand
@@ -240,21 +318,29 @@ def _likeliest(node: _Node, k: int) -> list[int]:
     return [int(a) + 1 for a in order if torch.isfinite(logits[a])]
 
 
-def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock) -> list[_Node]:
+def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock,
+           memo: dict[tuple[int, int], tuple[Graph, Judgement]] | None = None) -> list[_Node]:
     """Judge `nodes` in batches of SCORE_BATCH states: each node's distribution, and its score achieved + V.
     Observing and encoding a wide beam's children of a large graph takes seconds: a batch not started
     before the clock runs out is dropped, so the search ends within about one batch of its budget.
+    A state judged before at the same depth (an earlier pass's) takes its judgement from `memo`.
     Returns the scored nodes."""
+    memo = {} if memo is None else memo
     scored: list[_Node] = []
     for lo in range(0, len(nodes), SCORE_BATCH):
-        if scored and clock.over():
+        if clock.over():
             break
         batch = nodes[lo:lo + SCORE_BATCH]
-        for n, judged in zip(batch, prior.judge([n.env for n in batch])):
-            n.judged = judged
-            n.score = 100.0 * (c0 - n.env.cost) / c0 + judged.value
+        keys = [(id(n.env.graph), n.env.step_count) for n in batch]
+        fresh = [n for n, k in zip(batch, keys) if k not in memo or memo[k][0] is not n.env.graph]
+        for n, judged in zip(fresh, prior.judge([n.env for n in fresh]) if fresh else []):
+            memo[(id(n.env.graph), n.env.step_count)] = (n.env.graph, judged)
+        for n, k in zip(batch, keys):
+            n.judged = memo[k][1]
+            n.score = 100.0 * (c0 - n.env.cost) / c0 + n.judged.value
         scored.extend(batch)
     return scored
 
 
-__all__ = ["ALPHA", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "PATIENCE", "WIDTH", "as_prior", "guided_search"]
+__all__ = ["ALPHA", "ANCHOR_EARN", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "MEMO_STATES", "PATIENCE", "WIDTH",
+           "MemoEngine", "as_prior", "guided_search", "memo_engine"]

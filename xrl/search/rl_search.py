@@ -8,6 +8,13 @@ found, or the search has spent twice the time it took to find its best; option `
 the budget). Option `prior` picks what guides it (xrl.rl.priors): `trained` (the checkpoint, the
 default), `untrained` (the checkpoint's network shape initialised from `seed`), `uniform` or `cost`:
 the ablations of issue 24, runnable on a user's own graphs.
+With the stop rule (the default) the search is anchored on greedy search (option `anchor`, default: on
+with `stop`): greedy runs first, to completion unless a time limit or budget cuts it, on the same memoising
+engine (`xrl.rl.guided.MemoEngine`), and its result is the guided search's incumbent. The earned time then
+counts from greedy's end, so where nothing beyond greedy is found the whole search takes about EARN (2)
+times greedy's time; the result is never below greedy's; and the argmax rollout, where it follows greedy's
+path, finds greedy's states enumerated already. Without a budget or time limit the guided part has
+GUIDED_BUDGET_S seconds after greedy; a `budget` or `time_limit` bounds the whole run, greedy included.
 `argmax` plays the policy greedily from the input graph until it chooses to stop, for at most
 `steps` rewrites. The default cap is the graph's op count (at least 50, X-RLflow's training horizon):
 a policy trained on 50-step episodes still knows when to stop, and large CNNs need a few hundred
@@ -21,6 +28,7 @@ one search module that imports `xrl.rl`.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,7 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
               engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
               budget: float | None = None, prior: str = "trained", stop: bool = True,
-              trace: list[tuple[float, float]] | None = None):
+              trace: list[tuple[float, float]] | None = None, anchor: bool | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
     from xrl.env.graph_rewrite import default_horizon
     from xrl.rl.checkpoint import default_policy_path, load_policy
@@ -66,11 +74,22 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
             from xrl.rl import guided
             from xrl.rl.priors import make_prior
 
-            limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
+            engine = guided.memo_engine(engine)
+            t0, incumbent = time.perf_counter(), None
+            if stop if anchor is None else anchor:
+                from xrl.search.greedy import greedy_search
+
+                given = [t for t in (time_limit, budget) if t is not None]
+                first = greedy_search(graph, cost_model, engine, time_limit=min(given) if given else None)
+                incumbent = (first.graph, first.cost, list(first.steps))
+                # no limit given: the guided part's own budget starts after greedy
+                limit = min(given) if given else time.perf_counter() - t0 + GUIDED_BUDGET_S
+            else:
+                limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
             return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
                                         horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),
                                         expand=int(expand or guided.EXPAND), time_limit=limit, stop=stop,
-                                        trace=trace)
+                                        trace=trace, incumbent=incumbent, t0=t0)
         return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
                                     seed=seed, max_candidates=cap, time_limit=time_limit)
 
@@ -88,9 +107,9 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
            **options: Any) -> SearchResult:
     """The runner of `--search rl` (registered by xrl.policies.search_entry): options `policy` (a checkpoint path),
     `mode` (guided | argmax), `prior`,
-    `width`, `expand`, `budget` and `stop` (guided), `samples` (argmax: extra sampled rollouts),
+    `width`, `expand`, `budget`, `stop` and `anchor` (guided), `samples` (argmax: extra sampled rollouts),
     `max_candidates`."""
-    known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "samples", "max_candidates")
+    known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "anchor", "samples", "max_candidates")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
@@ -102,7 +121,7 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
                     seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"), mode=mode,
                     width=options.get("width"), expand=options.get("expand"), budget=options.get("budget"),
                     prior=str(options.get("prior") or "trained"), stop=as_flag(options.get("stop", True), "stop"),
-                    trace=trace)
+                    trace=trace, anchor=None if options.get("anchor") is None else as_flag(options["anchor"], "anchor"))
     return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
                         explored=run.env_steps, time_s=run.time_s, method="rl", details={
                             "policy": str(options.get("policy") or "default"), "mode": mode,
