@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "xrl"
 
 # Bottom to top; packages on one line form one layer (they may import each other, without cycles).
 LAYERS = [
-    {"xrl", "errors", "limits", "quiet", "atomic", "stats"},
+    {"xrl", "errors", "limits", "quiet", "atomic", "stats", "cache"},
     {"ir"},
     {"frontends", "rewrite", "features"},
     {"cost", "nn"},

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from xrl.cache import CACHE_ENV, cache_dir  # noqa: F401 - cache_dir is part of this module's API
 from xrl.cost.base import CostModel, Measurement
 from xrl.cost.timing import check_counts
 from xrl.cost.torch_exec import TorchExecutor, resolve_device, torch_dtype, torch_threads
@@ -42,19 +43,12 @@ from xrl.errors import XrlError
 from xrl.ir import Graph, Node
 from xrl.ir.ops import is_known, op_kind
 
-CACHE_ENV = "XRL_CACHE_DIR"
 CACHE_FILE = "op_costs.sqlite"
 _SMALL_CONST = 64  # integer weights up to this many elements are shape-like: their values enter the key
 
 
 class CacheError(XrlError):
     """The op timing cache file cannot be opened or is not an xrl cache."""
-
-
-def cache_dir() -> Path:
-    """Where xrl keeps what it measured on this machine: $XRL_CACHE_DIR, else ~/.cache/xrl."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "xrl"
 
 
 def default_cache_path() -> Path:

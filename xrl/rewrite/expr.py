@@ -239,14 +239,10 @@ def check(expr: ast.expr, *, functions: Iterable[str] = FUNCTIONS) -> tuple[set[
                 return names, f"unknown function {what!r}"
             if node.keywords:
                 return names, f"function {node.func.id!r} takes no keyword arguments"
-    for node in ast.walk(expr):
-        if isinstance(node, ast.Name) and not _is_callee(node, expr):
-            names.add(node.id)
+    nodes = list(ast.walk(expr))
+    callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}  # one walk, not one per name
+    names.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) not in callees)
     return names, None
-
-
-def _is_callee(name: ast.Name, root: ast.expr) -> bool:
-    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(root))
 
 
 _SAFE_OPS = {"__pow": _safe_pow, "__mul": _safe_mul}
