@@ -2,25 +2,30 @@
 
 Per graph, in one process and interleaved (so machine load hits every arm alike):
 
-    guided search (xrl.rl.guided, `--search rl`, stop rule off so it runs to its budget), one run of the
-    largest budget per prior, its trace of (seconds, best cost) read at every budget:
-        trained        the policy checkpoint (--policy; default the shipped xrl/policies/default.pt)
+    guided search (xrl.rl.guided, `--search rl`, stop rule and greedy anchor off so it runs to its budget
+    under the prior alone), one run of the largest budget per prior, its trace of (seconds, best cost) read
+    at every budget:
+        trained        the policy checkpoint (--policy; default the shipped xrl/policies/default.pt); with
+                       several (--policy A,B,C: training seeds) one arm each, trained-0, trained-1, ...
+        shipped        (--shipped) the shipped policy beside them
         untrained-S    the same network shape initialised from seed S (--untrained-seeds)
         uniform        equal over the candidates
         cost           softmax over each candidate's one-step estimated gain
-    argmax             the trained policy's argmax rollout alone (`--rl-mode argmax`), run per budget
+    argmax             the (first) trained policy's argmax rollout alone (`--rl-mode argmax`), run per budget
     greedy, beam, taso, tensat   `xrl optimize --search M`, run per budget with that time limit
 
 Every speed-up is the cost model's estimate (target --target) of the returned graph, recomputed by
 this script (the guided arms' intermediate points are the search's own costs, checked against the
 recomputed cost of its final graph). Learning gain, per budget and split = geomean(trained) /
 geomean(best non-learned prior), the non-learned priors being uniform, cost and the untrained network
-(the mean over its seeds), all under the same search and budget.
+(the mean over its seeds), all under the same search and budget; with several trained seeds, trained
+is their mean (each graph's geomean over the seeds) and the table gives each seed's gain too.
 
-Splits: `train`, the graphs of the policy's own training set (its default.json's train_graphs); every
-other graph is `held-out` and comes from a family the policy never saw (LoRA adapters, reparameterised
-convolutions, attention and llama blocks). The shipped policy was selected on its training graphs
-(graphs.eval=[]): there is no validation split for it.
+Splits: from the (first) policy's metadata, the .json beside it: `train` its train_graphs, `val` its
+val_graphs (the graphs its checkpoint was selected on); every other graph is `held-out`. For policies
+made by experiments/expert_iteration.py these are experiments/splits.py's TRAIN and VAL, and HELD_OUT
+comes from families no training or validation graph does. The shipped policy was selected on its
+training graphs (graphs.eval=[]): there is no validation split for it.
 
     XRL_NO_CALIBRATION=1 .venv/bin/python experiments/rl_ablation.py --out experiments/results/rl_ablation
 
@@ -79,12 +84,15 @@ def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, bud
                      "time_s": round(took, 3), "note": note})
 
     top = max(budgets)
-    priors = [("trained", 0), *((f"untrained-{s}", s) for s in args.untrained_seeds), ("uniform", 0), ("cost", 0)]
-    for arm, seed in priors:
+    policies = policy_arms(args)
+    priors = [*((arm, "trained", path, 0) for arm, path in policies),
+              *((f"untrained-{s}", "untrained", policies[0][1], s) for s in args.untrained_seeds),
+              ("uniform", "uniform", policies[0][1], 0), ("cost", "cost", policies[0][1], 0)]
+    for arm, prior, path, seed in priors:
         trace: list[tuple[float, float]] = []
         t0 = time.perf_counter()
-        run = rl_search(graph, cost, policy=args.policy, prior=arm.split("-")[0], seed=seed, budget=top, stop=False,
-                        trace=trace, engine=engine)
+        run = rl_search(graph, cost, policy=path, prior=prior, seed=seed, budget=top, stop=False, trace=trace,
+                        engine=engine, **guided_only())
         took = time.perf_counter() - t0
         final = cost.cost(run.graph)
         drift = abs(final - run.cost) / final
@@ -94,7 +102,7 @@ def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, bud
         print(f"  {name} {arm}: {c0 / final:.3f}x ({len(trace) - 1} finds, {took:.1f} s)", file=sys.stderr, flush=True)
     for b in budgets:
         t0 = time.perf_counter()
-        run = rl_search(graph, cost, policy=args.policy, mode="argmax", time_limit=b, engine=engine)
+        run = rl_search(graph, cost, policy=policies[0][1], mode="argmax", time_limit=b, engine=engine)
         row("argmax", b, cost.cost(run.graph), time.perf_counter() - t0)
         for method in args.searches.split(","):
             t0 = time.perf_counter()
@@ -105,9 +113,30 @@ def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, bud
                 rows.append({"graph": name, "split": split, "arm": method, "budget": b, "speedup": math.nan,
                              "time_s": round(time.perf_counter() - t0, 3), "note": f"{type(e).__name__}: {e}"[:120]})
         print(f"  {name} budget {b:g}: " + ", ".join(f"{r['arm']} {r['speedup']:.3f}" for r in rows
-                                                     if r["budget"] == b and r["arm"] not in dict(priors)),
+                                                     if r["budget"] == b and r["arm"] not in {a[0] for a in priors}),
               file=sys.stderr, flush=True)
     return rows
+
+
+def policy_arms(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(arm, checkpoint) per trained policy: `trained` for one, trained-0, trained-1, ... for several; and the
+    shipped policy as `shipped` with --shipped."""
+    paths = [p for p in (args.policy or "").split(",") if p] or [None]
+    arms = [("trained" if len(paths) == 1 else f"trained-{i}", p) for i, p in enumerate(paths)]
+    if args.shipped:
+        from xrl.rl.checkpoint import default_policy_path
+
+        arms.append(("shipped", str(default_policy_path())))
+    return arms
+
+
+def guided_only() -> dict:
+    """rl_search's options for the guided search alone (no greedy anchor), where this xrl has the option."""
+    import inspect
+
+    from xrl.search.rl_search import rl_search
+
+    return {"anchor": False} if "anchor" in inspect.signature(rl_search).parameters else {}
 
 
 def arms_of(rows: list[dict]) -> list[str]:
@@ -115,11 +144,11 @@ def arms_of(rows: list[dict]) -> list[str]:
 
 
 def per_arm(rows: list[dict], arm: str, budget: float, graphs: Sequence[str]) -> float:
-    """The arm's geomean over `graphs`; `untrained`: each graph's mean over the seeds first."""
+    """The arm's geomean over `graphs`; `untrained` and `trained`: each graph's mean over the seeds first."""
     vals = []
     for g in graphs:
         xs = [float(r["speedup"]) for r in rows if r["graph"] == g and float(r["budget"]) == budget
-              and (r["arm"] == arm or (arm == "untrained" and r["arm"].startswith("untrained-")))]
+              and (r["arm"] == arm or (arm in ("untrained", "trained") and r["arm"].startswith(arm + "-")))]
         vals.append(geomean(xs))
     return geomean(vals)
 
@@ -146,17 +175,26 @@ def summarise(rows: list[dict], header: str) -> str:
                 lines.append(f"| **geomean {s}** ({len(gs)}) | | " + " | ".join(f"{per_arm(rows, a, b, gs):.3f}"
                                                                               for a in arms) + " |")
         lines.append("")
+    seeds = [a for a in arms if a.startswith("trained-")]
+    shipped = "shipped" in arms
     lines += ["### Learning gain (trained / best non-learned prior, same guided search and budget)", "",
-              "| split | budget (s) | trained | uniform | cost | untrained (seed mean) | best non-learned | "
-              "learning gain | trained / greedy |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+              "| split | budget (s) | trained" + (f" (mean of {len(seeds)} seeds)" if seeds else "")
+              + " | uniform | cost | untrained (seed mean) | best non-learned | learning gain"
+              + (" | gain per seed" if seeds else "") + " | trained / greedy" + (" | shipped | trained / shipped"
+                                                                                if shipped else "") + " |",
+              "|---|---:|---:|---:|---:|---:|---|---:|" + ("---|" if seeds else "") + "---:|"
+              + ("---:|---:|" if shipped else "")]
     for s in ("train", "val", "held-out"):
         gs = [g for g in graphs if split[g] == s]
         for b in budgets if gs else []:
-            gm = {a: per_arm(rows, a, b, gs) for a in ("trained", *NON_LEARNED, "greedy")}
+            gm = {a: per_arm(rows, a, b, gs) for a in ("trained", *NON_LEARNED, "greedy", *seeds,
+                                                        *(["shipped"] if shipped else []))}
             best = max(NON_LEARNED, key=lambda a: gm[a])
+            per_seed = " / ".join(f"{gm[a] / gm[best]:.3f}" for a in seeds)
             lines.append(f"| {s} | {b:g} | {gm['trained']:.3f} | {gm['uniform']:.3f} | {gm['cost']:.3f} | "
                          f"{gm['untrained']:.3f} | {best} | {gm['trained'] / gm[best]:.3f} | "
-                         f"{gm['trained'] / gm['greedy']:.3f} |")
+                         + (f"{per_seed} | " if seeds else "") + f"{gm['trained'] / gm['greedy']:.3f} |"
+                         + (f" {gm['shipped']:.3f} | {gm['trained'] / gm['shipped']:.3f} |" if shipped else ""))
     return "\n".join(lines)
 
 
@@ -168,7 +206,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     budgets = sorted({float(r["budget"]) for r in rows})
     held = sorted({r["graph"] for r in rows if r["split"] == "held-out"})
-    arms = [a for a in arms_of(rows) if not a.startswith("untrained-")] + ["untrained"]
+    arms = [a for a in arms_of(rows) if not a.startswith(("untrained-", "trained-"))] + ["untrained"]
+    if any(a.startswith("trained-") for a in arms_of(rows)):
+        arms.insert(0, "trained")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for a in arms:
         ys = [per_arm(rows, a, b, held) for b in budgets]
@@ -197,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", default=",".join(GRAPHS))
     p.add_argument("--budgets", default="1,3", help="seconds, comma list (the largest is each prior's run)")
     p.add_argument("--untrained-seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",") if x])
-    p.add_argument("--policy", help="checkpoint of the trained prior (default: the shipped policy)")
+    p.add_argument("--policy", help="checkpoint(s) of the trained prior, comma-separated (several: one arm per "
+                                    "training seed; default: the shipped policy)")
+    p.add_argument("--shipped", action="store_true", help="the shipped policy as one more arm, `shipped`")
     p.add_argument("--target", default="ort-cpu")
     p.add_argument("--searches", default=",".join(SEARCHES), help="the searches to run beside the guided arms")
     p.add_argument("--out", default="experiments/results/rl_ablation")
@@ -213,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_csv = out / "runs.csv"
     rows = read_rows(runs_csv)
     done = {r["graph"] for r in rows}
-    splits = splits_of(args.policy)
+    splits = splits_of(policy_arms(args)[0][1])
     trained_on = {g for g, s in splits.items() if s == "train"}
     cost = get_cost_model("target", target=args.target)
     engine = RewriteEngine(load_rules())  # parsed and verified once, outside every arm's budget
@@ -233,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
               f"Command: `{command}`. Budgets are wall-clock seconds on a 2-core machine shared with other "
               "jobs (loaded: the time limits bind earlier than on an idle machine); every arm of a graph ran "
               "interleaved in one process. Policy: " + (args.policy or "xrl/policies/default.pt (shipped)")
+              + (" (one arm per seed: trained-0, trained-1, ...)" if "," in (args.policy or "") else "")
               + f"; its training graphs (split train): {', '.join(sorted(trained_on)) or 'unknown'}.")
     rows = [r for r in rows if float(r["budget"]) in budgets]  # a resumed run may have recorded more budgets
     text = summarise(rows, header)

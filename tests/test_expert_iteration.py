@@ -37,3 +37,77 @@ def test_bad_settings_are_config_errors(tmp_path):
         ExpertIterationConfig(search_budget=0)
     with pytest.raises(ConfigError, match="training graph"):
         expert_iteration({}, {}, get_cost_model("analytic"), ExpertIterationConfig(), out=tmp_path)
+
+
+def test_best_found_returns_never_go_negative_and_count_the_cheapest_state_later():
+    from xrl.rl.expert_iteration import best_returns
+
+    # rewards 5, -3, 10, -2 (returns-to-go 10, 5, 8, -2): stopping before the last step keeps 12 from the start
+    assert best_returns([10.0, 5.0, 8.0, -2.0]) == pytest.approx([12.0, 7.0, 10.0, 0.0])
+
+
+def test_tree_targets_are_best_found_returns_and_the_first_step_towards_the_cheapest_descendant():
+    import numpy as np
+
+    from xrl.rl.expert_iteration import Visited, best_found, tree_demo
+
+    g = resolve_graph("mlp")
+    visited = [Visited((), 10.0, g, "o0", ["a", "c"]), Visited(("a",), 9.0, g, "o1", ["x", "b"]),
+               Visited(("a", "b"), 6.0, g, "o2", ["d"]), Visited(("c",), 11.0, g, "o3", ["e"]),
+               Visited(("a",), 9.0, g, "o1", ["x", "b"])]  # seen twice (a dedup'd re-visit): one state
+    low = best_found(visited, ["a", "b", "d"], 5.0)  # the best (cost 5) is below ("a", "b"), never judged itself
+    assert low[()] == (5.0, ("a", "b", "d")) and low[("c",)] == (11.0, ("c",))
+    demo = tree_demo("mlp", visited, ["a", "b", "d"], 5.0, 10.0, 10, np.random.default_rng(0))
+    by_obs = dict(zip(demo.obs, zip(demo.returns, demo.accept)))
+    assert len(demo.obs) == 4 and demo.obs[0] == "o0"  # the input state always kept, duplicates dropped
+    assert by_obs["o0"] == (pytest.approx(50.0), [1])  # 100 * (10 - 5) / 10; towards it: "a", action 1
+    assert by_obs["o1"] == (pytest.approx(40.0), [2])  # "b" is its second offer
+    assert by_obs["o2"] == (pytest.approx(10.0), [1])
+    assert by_obs["o3"] == (0.0, [])  # nothing cheaper below: a value target, no policy target
+    small = tree_demo("mlp", visited, ["a", "b", "d"], 5.0, 10.0, 2, np.random.default_rng(0))
+    assert len(small.obs) == 2 and small.obs[0] == "o0"
+
+
+def test_recorded_search_tree_trains_policy_and_value_heads(tmp_path):
+    import numpy as np
+
+    from xrl.rewrite import RewriteEngine
+    from xrl.rewrite.rules import load_rules
+    from xrl.rl.expert_iteration import RecordingPrior, fresh_policy, search_with, tree_demo
+    from xrl.rl.imitation import ImitationConfig, clone
+
+    paper = get_cost_model("analytic", device="h100")
+    mlp = resolve_graph("mlp")
+    cfg = ExpertIterationConfig(search_budget=1.0, tree_states=64)
+    policy = fresh_policy(cfg)
+    prior = RecordingPrior(policy)
+    run = search_with(policy, mlp, paper, cfg, RewriteEngine(load_rules()), prior)
+    assert len(prior.visited) > 5 and prior.visited[0].path == ()
+    assert all(v.path[:-1] in {u.path for u in prior.visited} for v in prior.visited if v.path)  # a tree
+    demo = tree_demo("mlp", prior.visited, run.steps, run.cost, run.original_cost, 64, np.random.default_rng(0))
+    assert demo.returns[0] == pytest.approx(100 * (1 - 1 / run.speedup))  # the input's: what the search found
+    assert min(demo.returns) >= 0 and any(demo.accept)
+    demo.obs.append(demo.obs[-1])  # a value-only state beside them (the search's dead ends)
+    demo.accept.append([])
+    demo.actions.append(0)
+    demo.returns.append(0.0)
+    history = clone(policy, [demo], ImitationConfig(epochs=15, lr=3e-3, minibatch_size=16))
+    assert history[-1]["value_mse"] < history[0]["value_mse"] and history[-1]["nll"] < history[0]["nll"]
+    with pytest.raises(ConfigError, match="tree_states"):
+        ExpertIterationConfig(tree_states=-1)
+
+
+def test_cpu_clock_makes_the_search_budget_count_cpu_seconds_and_is_restored():
+    import time
+
+    from xrl.rl import guided
+    from xrl.rl.expert_iteration import search_clock
+
+    real = guided.time
+    with search_clock("cpu"):
+        assert guided.time.perf_counter is time.process_time and guided.time.sleep is time.sleep
+    assert guided.time is real
+    with search_clock("wall"):
+        assert guided.time is real
+    with pytest.raises(ConfigError, match="clock"):
+        ExpertIterationConfig(clock="gpu")

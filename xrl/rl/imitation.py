@@ -65,7 +65,8 @@ class Demonstration:
     obs: list[Any]
     actions: list[int]  # the teacher's next action at each state
     returns: list[float]
-    accept: list[list[int]] = field(default_factory=list)  # A*(s): every action the teacher takes from s on
+    accept: list[list[int]] = field(default_factory=list)  # A*(s): every action the teacher takes from s on;
+    # empty: a value-only state (a searched state with no better descendant: its return is a target, no action is)
 
 
 def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
@@ -120,13 +121,15 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
           progress: bool = False, epochs: int | None = None,
           optimizer: torch.optim.Optimizer | None = None) -> list[dict[str, float]]:
     """Fit `policy` to the demonstrations for `epochs` (default cfg.epochs) with `optimizer` (default a fresh
-    Adam at cfg.lr); returns per-epoch loss, accuracy (argmax = teacher) and value error."""
+    Adam at cfg.lr); returns per-epoch loss, accuracy (argmax = teacher; both over the states with a policy
+    target) and value error (over every state)."""
     obs = [o for d in demos for o in d.obs]
     if not obs:
         raise ConfigError("no demonstration states to imitate: the teachers found no rewrites on the training graphs")
     accept = [a for d in demos for a in (d.accept or [[x] for x in d.actions])]
     returns = torch.tensor([r for d in demos for r in d.returns], dtype=torch.float32)
     sigma = max(float(returns.std()) if len(returns) > 1 else 1.0, 1.0)
+    acting = sum(1 for a in accept if a)  # states with a policy target (the others are value-only)
     collate = type(obs[0]).collate
     rng = np.random.default_rng(seed)
     opt = optimizer if optimizer is not None else torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
@@ -140,22 +143,25 @@ def clone(policy: GraphPolicy, demos: Sequence[Demonstration], cfg: ImitationCon
             idx = order[start:start + cfg.minibatch_size].tolist()
             dist, value = policy(collate([obs[i] for i in idx]))
             g = returns[idx]
-            flat = torch.tensor([int(dist.start[k]) + a for k, i in enumerate(idx) for a in accept[i]])
-            owner = torch.tensor([k for k, i in enumerate(idx) for _ in accept[i]])
+            acts = [k for k, i in enumerate(idx) if accept[i]]
+            flat = torch.tensor([int(dist.start[k]) + a for k in acts for a in accept[idx[k]]], dtype=torch.long)
+            owner = torch.tensor([j for j, k in enumerate(acts) for _ in accept[idx[k]]], dtype=torch.long)
             picked = dist.log_probs[flat]
-            top = torch.zeros(len(idx)).index_reduce_(0, owner, picked.detach(), "amax", include_self=False)
-            mass = torch.zeros(len(idx)).index_add_(0, owner, (picked - top[owner]).exp())
-            nll = -(top + mass.log()).mean()  # -log of the probability mass on A*(s), per state
+            top = torch.zeros(len(acts)).index_reduce_(0, owner, picked.detach(), "amax", include_self=False)
+            mass = torch.zeros(len(acts)).index_add_(0, owner, (picked - top[owner]).exp())
+            # -log of the probability mass on A*(s), per state with a policy target
+            nll = -(top + mass.log()).mean() if acts else torch.zeros(())
             vloss = (((value - g) / sigma) ** 2).mean()
-            loss = nll + cfg.vf_coef * vloss
+            loss = nll * len(acts) / len(idx) + cfg.vf_coef * vloss
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
             opt.step()
-            total += nll.item() * len(idx)
+            total += nll.item() * len(acts)
             sq += vloss.item() * len(idx)
-            correct += sum(int(m) in accept[i] for m, i in zip(dist.mode().tolist(), idx))
-        row = {"epoch": epoch + 1, "nll": total / len(obs), "accuracy": correct / len(obs),
+            modes = dist.mode().tolist()
+            correct += sum(int(modes[k]) in accept[idx[k]] for k in acts)
+        row = {"epoch": epoch + 1, "nll": total / max(acting, 1), "accuracy": correct / max(acting, 1),
                "value_mse": sq / len(obs) * sigma**2, "time_s": time.perf_counter() - t0}
         history.append(row)
         if progress:

@@ -65,11 +65,14 @@ class PolicyPrior(Prior):
     def judge(self, envs: Sequence[Any]) -> list[Judgement]:
         from xrl.rl.rollout import observe
 
-        metas = [observe(e, self.featurize) for e in envs]
+        return self.judge_observed([observe(e, self.featurize) for e in envs])
+
+    def judge_observed(self, metas: Sequence[Any]) -> list[Judgement]:
+        """`judge` on observations already made (one per state, by this prior's `featurize`)."""
         with torch.no_grad():
             dist, value = self.policy(type(metas[0]).collate(metas) if len(metas) > 1 else metas[0])
         out = []
-        for i in range(len(envs)):
+        for i in range(len(metas)):
             start, count = int(dist.start[i]), int(dist.counts[i])
             out.append(Judgement(dist.log_probs[start:start + count], float(value[i])))
         return out
