@@ -330,6 +330,23 @@ def _rotary(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [np.concatenate([x1 * c - x2 * n, x2 * c + x1 * n], axis=-1)]
 
 
+@kernel("MultiHeadAttention")
+def _mha(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    q, k, v = a[:3]
+    if len(a) > 3 and a[3] is not None:
+        hq = q.shape[2]
+        q, k, v = q + a[3][:hq], k + a[3][hq: 2 * hq], v + a[3][2 * hq:]
+    heads = node.attr("num_heads")
+    split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+    scale = node.attr("scale", 0.0) or 1.0 / np.sqrt(q.shape[2] // heads)
+    scores = split(q) @ split(k).transpose(0, 1, 3, 2) * np.asarray(scale, dtype=q.dtype)
+    if node.attr("unidirectional", 0):
+        scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
+    z = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    out = (z / z.sum(axis=-1, keepdims=True)) @ split(v)
+    return [out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)]
+
+
 @kernel("BatchNormalization")
 def _batchnorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     x, scale, bias, mean, var = a[:5]

@@ -489,6 +489,32 @@ _register("RotaryEmbedding", "elementwise", _infer_rotary, lambda n, i, o: 3 * o
           onnx_domain="com.microsoft", runtime="onnxruntime")
 
 
+def _infer_mha(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    if not 3 <= len(ins) <= 4:
+        raise _fail(node, f"takes query, key, value and an optional bias, got {len(ins)} inputs")
+    q, k, v = ins[:3]
+    heads = node.attr("num_heads", 0)
+    if q.rank != 3 or k.rank != 3 or v.rank != 3 or k.shape[:2] != v.shape[:2] or q.shape[0] != k.shape[0]:
+        raise _fail(node, f"query {q}, key {k} and value {v} must be (batch, sequence, hidden)")
+    if heads < 1 or q.shape[2] != k.shape[2] or q.shape[2] % heads or v.shape[2] % heads:
+        raise _fail(node, f"num_heads {heads} must divide the hidden sizes of query {q}, key {k} and value {v}")
+    if len(ins) == 4 and ins[3].shape != (2 * q.shape[2] + v.shape[2],):
+        raise _fail(node, f"bias {ins[3]} must be ({2 * q.shape[2] + v.shape[2]},): q, k and v biases")
+    if node.attr("unidirectional", 0) and q.shape[1] != k.shape[1]:
+        raise _fail(node, "unidirectional attention needs query and key of one sequence length")
+    if len(node.outputs) != 1:
+        raise _fail(node, "only the output is supported (no present key/value)")
+    return [TensorType((q.shape[0], q.shape[1], v.shape[2]), q.dtype)]
+
+
+# MultiHeadAttention (com.microsoft): softmax(Q K^T * scale (+ causal mask)) V per head, with query, key and
+# value (batch, sequence, hidden) split into num_heads heads; scale defaults to 1 / sqrt(head size);
+# unidirectional=1 masks the keys after each query. Masks and past key/values are not supported here.
+_register("MultiHeadAttention", "compute", _infer_mha,
+          lambda n, i, o: 2 * i[0].shape[0] * i[0].shape[1] * i[1].shape[1] * (i[0].shape[2] + i[2].shape[2]),
+          onnx_domain="com.microsoft", runtime="onnxruntime")
+
+
 # ----- data movement ---------------------------------------------------------------------------
 def _infer_concat(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
     first = ins[0]

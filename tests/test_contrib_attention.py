@@ -1,0 +1,118 @@
+"""onnxruntime's contrib MultiHeadAttention (com.microsoft) in xrl (issue 23): the IR's numpy semantics of the op
+are onnxruntime's kernel's, it round-trips through import and export in its domain, only onnxruntime targets run
+it, the fusion rules of rewrite_rules/contrib_attention.rules verify at 20 trials, and xrl's search fuses an
+unmasked attention block into it under ort-cpu (never under paper), verified against the original.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
+
+from xrl.cost.targets import get_target
+from xrl.frontends.onnx_io import from_onnx, to_onnx
+from xrl.ir.execute import execute
+
+ort = pytest.importorskip("onnxruntime")
+
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _mha_model(attrs: dict, bias: bool, b: int = 2, s: int = 5, kv: int = 7, d: int = 12, heads: int = 3):
+    names = ["q", "k", "v"] + (["bias"] if bias else [])
+    node = helper.make_node("MultiHeadAttention", names, ["y"], domain="com.microsoft", num_heads=heads, **attrs)
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, s, d])]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [b, kv, d]) for n in "kv"]
+    inits = [nh.from_array(np.random.default_rng(5).standard_normal(3 * d).astype(np.float32), "bias")] if bias else []
+    graph = helper.make_graph([node], "mha", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=OPSETS)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"unidirectional": 1}, {"scale": 0.3}], ids=["plain", "causal", "scale"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_numpy_semantics_of_multi_head_attention_match_onnxruntime(attrs: dict, bias: bool) -> None:
+    kv = 5 if attrs.get("unidirectional") else 7
+    model = _mha_model(attrs, bias, kv=kv)
+    graph = from_onnx(model)  # the contrib output is untyped in the file: the IR types it
+    assert graph.type_of("y").shape == (2, 5, 12)
+    rng = np.random.default_rng(0)
+    for trial in range(3):
+        feeds = {"q": rng.standard_normal((2, 5, 12)).astype(np.float32) * (1 + trial),
+                 "k": rng.standard_normal((2, kv, 12)).astype(np.float32),
+                 "v": rng.standard_normal((2, kv, 12)).astype(np.float32)}
+        np.testing.assert_allclose(execute(graph, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    written = to_onnx(graph)
+    assert [(n.op_type, n.domain) for n in written.graph.node] == [("MultiHeadAttention", "com.microsoft")]
+    np.testing.assert_array_equal(_run(written, feeds)[0], _run(model, feeds)[0])
+
+
+def test_only_onnxruntime_targets_run_multi_head_attention() -> None:
+    assert get_target("ort-cpu").runs("MultiHeadAttention")
+    assert get_target("ort-cuda").runs("MultiHeadAttention")
+    assert not get_target("paper").runs("MultiHeadAttention")
+
+
+def test_the_attention_rules_verify_at_20_trials() -> None:
+    from pathlib import Path
+
+    from xrl.rewrite import parse_rules, verify_rule
+
+    path = Path(__file__).resolve().parents[1] / "rewrite_rules" / "contrib_attention.rules"
+    rules = parse_rules(path.read_text(), str(path))
+    assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul"}
+    for rule in rules:
+        check = verify_rule(rule, seed=3, trials=20)
+        assert check.ok and check.trials == 20 and check.max_err <= 1e-9, (rule.name, check.detail)
+
+
+def _attention_block(scale_op: str = "Div", seq: int = 16, hidden: int = 64, heads: int = 4) -> onnx.ModelProto:
+    """Separate bias-free q/k/v projections and unmasked softmax attention, as HF's BertSelfAttention exports
+    it without a mask, then the output projection."""
+    rng = np.random.default_rng(1)
+    size = hidden // heads
+    w = {f"w{i}": nh.from_array((rng.standard_normal((hidden, hidden)) * 0.2).astype(np.float32), f"w{i}")
+         for i in "qkvo"}
+    consts = [nh.from_array(np.array([1, seq, heads, size], np.int64), "split"),
+              nh.from_array(np.array([1, seq, hidden], np.int64), "merge"),
+              nh.from_array(np.array(np.sqrt(size) if scale_op == "Div" else 1 / np.sqrt(size), np.float32), "c")]
+    nodes = []
+    for i, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"{i}"]),
+                  helper.make_node("Reshape", [i, "split"], [f"{i}4"]),
+                  helper.make_node("Transpose", [f"{i}4"], [f"{i}h"], perm=perm)]
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node(scale_op, ["s", "c"], ["ss"]),
+              helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merge"], ["om"]), helper.make_node("MatMul", ["om", "wo"], ["y"])]
+    x, y = (helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, seq, hidden]) for v in "xy")
+    graph = helper.make_graph(nodes, "attention", [x], [y], initializer=[*w.values(), *consts])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
+def test_xrl_fuses_unmasked_attention_into_multi_head_attention_under_ort_cpu(scale_op: str) -> None:
+    from xrl.api import optimize
+
+    model = _attention_block(scale_op)
+    result = optimize(model, search="greedy", target="ort-cpu", prepass=(), time_limit=30)
+    hist = Counter(n.op_type for n in result.model.graph.node)
+    assert hist["MultiHeadAttention"] == 1 and "Softmax" not in hist, hist
+    assert any(s.startswith(f"fuse_mha_{scale_op}") for s in result.steps), result.steps
+    mha = next(n for n in result.model.graph.node if n.op_type == "MultiHeadAttention")
+    assert mha.domain == "com.microsoft"
+    assert result.verified and result.max_abs_err < 1e-4
+    x = {"x": np.random.default_rng(2).standard_normal((1, 16, 64)).astype(np.float32)}
+    np.testing.assert_allclose(_run(result.model, x)[0], _run(model, x)[0], rtol=1e-4, atol=1e-5)
+    paper = optimize(model, search="greedy", target="paper", prepass=(), time_limit=30)
+    assert "MultiHeadAttention" not in {n.op_type for n in paper.model.graph.node}
