@@ -7,7 +7,9 @@ Tensat benchmarks), "small" (tiny graphs for fast tests and demos), "headroom" (
 best rewrite sequence starts with steps greedy search does not take: `graphs/headroom.py`), and the
 deployment families of issue 23 (`graphs/families/`): torch modules exported with both torch exporters,
 "families" at small size (`fam_<member>_<ts|dynamo>`) and "families_full" at deployment size
-(`fam_<member>_full_<ts|dynamo>`). A family graph is an exporter's output: its opset is the exporter's
+(`fam_<member>_full_<ts|dynamo>`), and "families_xl" (`fam_<member>_xl_ts`: the families that have an "xl"
+size, TorchScript export only; 12-layer transformers and 27-block CNNs, the graphs of issue 24 that search
+cannot exhaust). A family graph is an exporter's output: its opset is the exporter's
 (17 for TorchScript, 18 for dynamo), its inputs may be int64 masks, and it needs torch (and onnxscript
 for dynamo) to build; dynamo's output is value-deterministic for a seed (see tests/test_families.py).
 """
@@ -34,7 +36,7 @@ class BuiltinGraph:
     build: Callable[..., onnx.ModelProto]  # build(batch: int = 1, seed: int = 0)
 
 
-SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full")
+SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full", "families_xl")
 
 _GRAPHS = [
     BuiltinGraph("bert", "transformer", transformers.BERT_DOC, "xrlflow", transformers.bert),
@@ -77,12 +79,15 @@ def _family_builder(name: str, member: str, size: str, exporter: str,
 
 
 def _family_graphs() -> list[BuiltinGraph]:
-    from .families import DESCRIPTIONS, KINDS
+    from .families import DESCRIPTIONS, KINDS, MEMBERS, XL_FAMILIES
 
     out = []
-    for size, suite, tag in (("small", "families", ""), ("full", "families_full", "_full")):
+    sizes = (("small", "families", ""), ("full", "families_full", "_full"), ("xl", "families_xl", "_xl"))
+    for size, suite, tag in sizes:
         for member, text in DESCRIPTIONS.items():
-            for exporter in ("ts", "dynamo"):
+            if size == "xl" and MEMBERS[member] not in XL_FAMILIES:
+                continue
+            for exporter in ("ts",) if size == "xl" else ("ts", "dynamo"):
                 name = f"fam_{member}{tag}_{exporter}"
                 desc = f"{text} ({size} size, {'TorchScript' if exporter == 'ts' else 'dynamo'} export)"
                 out.append(BuiltinGraph(name, KINDS[member], desc, suite,
@@ -95,7 +100,7 @@ BUILTIN_GRAPHS: dict[str, BuiltinGraph] = {g.name: g for g in _GRAPHS}
 
 
 def names(suite: str | None = None) -> list[str]:
-    """Built-in graph names in registry order (xrlflow, taso, small, headroom, families, families_full),
+    """Built-in graph names in registry order (xrlflow, taso, small, headroom, families, families_full, families_xl),
     optionally of one suite."""
     if suite is not None and suite not in SUITES:
         raise UnknownGraphError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")

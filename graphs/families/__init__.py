@@ -8,7 +8,9 @@ both torch exporters, each with its limit (the same network merged / re-paramete
     families.verify_limit("repvgg", "small", "dynamo")                          # max abs error, checked
 
 Families and members (modules `lora`, `reparam`, `llama`, `attention`; sizes "small" for tests, "full"
-for the benchmark; exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18)):
+for the benchmark, "xl" for graphs search cannot exhaust (issue 24: 12-layer LoRA encoders and decoders
+with adapters on every projection, 12-layer LLaMA decoders, RepVGG-B-layout reparam networks of 27
+blocks; the families that have it: XL_FAMILIES); exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18)):
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 # Nothing here imports torch: the family modules are imported when a member is built.
 FAMILIES = ("lora", "reparam", "llama", "attention")
 EXPORTERS = ("ts", "dynamo")
-SIZES = ("small", "full")
+SIZES = ("small", "full", "xl")
+XL_FAMILIES = ("lora", "reparam", "llama")  # the families with an "xl" row in their DIMS
 # member -> (family, kind for the registry, one-line description)
 _TABLE = {
     "lora_encoder": ("lora", "transformer", "BERT-style post-LN encoder layers with PEFT LoRA (r 16) on q/k/v/o and "
@@ -77,6 +80,8 @@ def check(member: str, size: str) -> None:
         raise ValueError(f"unknown family member {member!r}; choose from {', '.join(MEMBERS)}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    if size == "xl" and MEMBERS[member] not in XL_FAMILIES:
+        raise ValueError(f"{member} has no size xl; the families that do: {', '.join(XL_FAMILIES)}")
 
 
 def build_module(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> Built:
@@ -187,5 +192,6 @@ def cached_export(member: str, size: str, exporter: str, cache_dir: Path, seed: 
     return path
 
 
-__all__ = ["DESCRIPTIONS", "EXPORTERS", "FAMILIES", "KINDS", "MEMBERS", "REPRESENTATIVE", "SIZES", "build_module",
+__all__ = ["DESCRIPTIONS", "EXPORTERS", "FAMILIES", "KINDS", "MEMBERS", "REPRESENTATIVE", "SIZES", "XL_FAMILIES",
+           "build_module",
            "build_onnx", "cache_path", "cached_export", "input_feeds", "limit_kind", "model_info", "verify_limit"]

@@ -45,6 +45,7 @@ class Dims:
 DIMS = {
     "small": Dims(hidden=64, heads=4, kv_heads=2, ffn=176, seq=16, layers=2),
     "full": Dims(hidden=768, heads=12, kv_heads=4, ffn=2048, seq=128, layers=4),
+    "xl": Dims(hidden=768, heads=12, kv_heads=4, ffn=2048, seq=128, layers=12),
 }
 
 

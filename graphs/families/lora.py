@@ -48,6 +48,7 @@ class Dims:
 DIMS = {
     "small": Dims(hidden=64, heads=4, ffn=256, seq=16, layers=2, image=32, patch=8, classes=10),
     "full": Dims(hidden=768, heads=12, ffn=3072, seq=128, layers=4, image=224, patch=16, classes=1000),
+    "xl": Dims(hidden=768, heads=12, ffn=3072, seq=128, layers=12, image=224, patch=16, classes=1000),
 }
 RANKS = {"lora_encoder": 16, "lora_decoder": 8, "lora_vit": 32, "lora_server": 8}
 MEMBERS = tuple(RANKS)

@@ -44,6 +44,7 @@ class Dims:
 DIMS = {
     "small": Dims(image=32, widths=(8, 8, 16, 16, 32), blocks=(1, 2, 2, 1), classes=10, branches=2),
     "full": Dims(image=224, widths=(48, 48, 96, 192, 1280), blocks=(2, 4, 14, 1), classes=1000, branches=4),
+    "xl": Dims(image=224, widths=(64, 64, 128, 256, 1280), blocks=(4, 6, 16, 1), classes=1000, branches=4),
 }
 
 

@@ -29,7 +29,7 @@ from xrl.stats import geomean, geomean_values
 
 # The built-in searches compared by default; any registered search (`xrl.search.registry`) can be named
 METHODS = ("rl", "taso", "tensat", "greedy", "random", "beam", "exhaustive")
-SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full", "all")
+SUITES = ("xrlflow", "taso", "small", "headroom", "families", "families_full", "families_xl", "all")
 
 STATUS_OK, STATUS_WRONG, STATUS_FAILED, STATUS_UNAVAILABLE = "ok", "wrong output", "failed", "unavailable"
 
