@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_families import SLOW_ONLY
 
 from xrl.frontends.onnx_io import from_onnx, to_onnx
 
@@ -121,3 +122,56 @@ def test_the_dbb_rules_verify() -> None:
     assert {"fold_channel_pad_conv1x1", "compose_conv1x1_conv", "merge_sum_conv_avgpool_conv1x1"} <= names
     loaded = set(load_rules().names())
     assert names <= loaded, f"rejected by verification: {sorted(names - loaded)}"
+
+
+# --------------------------------------------------------------------------- two DBB blocks, end to end
+
+
+@pytest.fixture(scope="module")
+def blocks() -> dict:
+    """Two Diverse Branch Blocks (3 -> 8 channels at stride 2, then 8 -> 8 at stride 1, whose 1x1-kxk branch
+    starts with DBB's identity-based 1x1), as the families build them, with their re-parameterised limit;
+    exported and optimised once per exporter."""
+    pytest.importorskip("torch")
+    from torch import nn
+    from xrl.graphs.families import reparam
+    from xrl.graphs.families.export import Spec, calibrate_batchnorm, look_trained, seeded
+
+    with seeded(0):
+        model = nn.Sequential(reparam.DiverseBranchBlock(3, 8, 2), reparam.DiverseBranchBlock(8, 8, 1))
+    look_trained(model, 0)
+    calibrate_batchnorm(model, (1, 3, 12, 12), 0)
+    model.eval()
+    return {"model": model, "limit": reparam.reparameterize(model), "inputs": [Spec("pixel_values", (1, 3, 12, 12))]}
+
+
+def _optimised(blocks: dict, exporter: str, limit: bool, tmp_path_factory) -> tuple:
+    from xrl.graphs.families.export import export
+
+    from xrl.api import optimize
+
+    key = (exporter, limit)
+    if key not in blocks:
+        module = blocks["limit" if limit else "model"]
+        src = export(module, blocks["inputs"], ["out"], exporter)
+        out = tmp_path_factory.mktemp("dbb") / "out.onnx"
+        result = optimize(src, search="greedy", output=str(out), time_limit=60, prepass=())
+        blocks[key] = (src, result, onnx.load(str(out)))
+    return blocks[key]
+
+
+# a dynamo export of the two blocks takes 13-27 s on two loaded cores: slow set only (the hand-built graphs above
+# check dynamo's Transpose form fast; tests/test_families_reparam.py runs the dbb member with both exporters)
+@pytest.mark.parametrize("exporter", ["ts", pytest.param("dynamo", marks=[pytest.mark.slow, SLOW_ONLY])])
+def test_two_dbb_blocks_reach_their_limits_graph(exporter: str, blocks: dict, tmp_path_factory) -> None:
+    src, result, model = _optimised(blocks, exporter, False, tmp_path_factory)
+    _, _, limit = _optimised(blocks, exporter, True, tmp_path_factory)
+    assert Counter(n.op_type for n in src.graph.node)["ScatterND"] == 16  # four per BNAndPadLayer, two of them a block
+    got = Counter(n.op_type for n in model.graph.node)
+    assert got == Counter(n.op_type for n in limit.graph.node) and got["Conv"] == 2, got  # one conv a block
+    assert result.verified and result.max_abs_err < 1e-4
+    x = np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    want = ort.InferenceSession(src.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"pixel_values": x})[0]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"pixel_values": x})[0], want, rtol=1e-4, atol=1e-5)
