@@ -6,9 +6,12 @@ op histograms, their difference, and the rules xrl applied to the original. Both
 pre-passes and search, so fusions that both get do not count (the check of tests/test_families*.py).
 
     .venv/bin/python experiments/check_limits.py --members repvgg,acnet,dbb,mobileone [--exporters ts,dynamo]
-        [--size small|full] [--search greedy] [--time-limit 120] [--seed 0]
+        [--size small|full] [--search greedy] [--time-limit 120] [--seed 0] [--measure ROUNDS]
 
 The cost is xrl's default (the target's estimate); set XRL_TARGET_COST=roofline for the tests' one.
+With --measure, xrl's output of the original is timed against xrl's output of the limit end to end
+(onnxruntime CPU, one thread, ROUNDS interleaved rounds, a fresh session per graph and round, an A/A copy of
+the limit's output as the noise floor): whether two different histograms are also different speeds.
 Exit status 0 when every case reaches its limit's histogram, 1 when one does not, 2 on a bad option.
 """
 
@@ -72,8 +75,28 @@ def check(member: str, size: str, exporter: str, args: argparse.Namespace, tmp: 
               f"{res.measured_interval or ''} ({res.verdict})")
     print(f"  pre-passes: {', '.join(p.get('name', '?') for p in res.prepasses if p.get('applied')) or 'none'}")
     print(f"  rules ({res.rewrites}): {', '.join(f'{r} {n}' for r, n in steps.most_common()) or 'none'}")
+    if args.measure:
+        print(f"  measured, xrl(original) against xrl(limit): {measure(res.model, lim.model, args.measure)}")
     sys.stdout.flush()
     return reached
+
+
+def measure(model: onnx.ModelProto, limit: onnx.ModelProto, rounds: int) -> str:
+    """xrl(original)'s speed-up over xrl(limit) with its 95% interval, and the A/A control's interval."""
+    from xrl.api import measure_model
+    from xrl.cost.guard import GuardCandidate, measure_guard
+    from xrl.frontends.onnx_io import from_onnx
+
+    timer = measure_model("ort", "cpu", repeats=5, warmup=2, threads=1)
+    g = measure_guard(timer, from_onnx(limit, name="limit"), [GuardCandidate("xrl", from_onnx(model, name="xrl"))],
+                      rounds=rounds, max_rounds=rounds)
+    m = g.measured.get("xrl")
+    if m is None:
+        return "identical graphs"
+    lo, hi = m.interval
+    control = m.control
+    aa = f"A/A [{control[0]:.3f}, {control[1]:.3f}]" if control else "no A/A"
+    return f"{m.speedup:.3f} [{lo:.3f}, {hi:.3f}], {aa}, {g.rounds} rounds"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -85,7 +108,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--search", default="greedy")
     p.add_argument("--time-limit", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--measure", type=int, default=0, metavar="ROUNDS",
+                   help="time xrl's output of the original against its output of the limit (0: do not)")
     args = p.parse_args(argv)
+    if args.measure < 0:
+        p.error("--measure takes a number of rounds >= 0")
     members = []
     for name in filter(None, args.members.split(",")):
         if name in F.FAMILIES:

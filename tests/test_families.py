@@ -140,7 +140,7 @@ def optimized(tmp_path_factory) -> dict:
     return {}
 
 
-def _optimize(cache: dict, member: str, exporter: str, limit: bool = False) -> tuple:
+def _optimize(cache: dict, member: str, exporter: str, limit: bool = False, time_limit: float = 60) -> tuple:
     from xrl.api import optimize
 
     key = (member, exporter, limit)
@@ -148,7 +148,7 @@ def _optimize(cache: dict, member: str, exporter: str, limit: bool = False) -> t
         tmp = Path(tempfile_dir()) / f"{member}-{exporter}-{'limit' if limit else 'orig'}.onnx"
         src = tmp.with_name(tmp.stem + "-src.onnx")
         onnx.save(F.build_onnx(member, "small", exporter, limit=limit), str(src))
-        result = optimize(str(src), search="greedy", output=str(tmp), force=True, time_limit=60)
+        result = optimize(str(src), search="greedy", output=str(tmp), force=True, time_limit=time_limit)
         cache[key] = (result, onnx.load(str(tmp)))
     return cache[key]
 
