@@ -48,12 +48,13 @@ class Row:
     model: str
     kind: str  # builtin | deploy | billion
     weight_bytes: int
-    peak_tree_rss: int = 0
+    peak_tree_rss: int = 0  # the tree's peak PSS (each page counted once; see pss_of)
     max_single_rss: int = 0  # the largest process's ru_maxrss
     baseline_rss: int = 0
     wall_s: float = 0.0
     exit_code: int = 0
     note: str = ""
+    peak_tree_rss_sum: int = 0  # RSS summed over the tree: a forked child's shared pages counted twice
 
     @property
     def ratio(self) -> float:
@@ -76,35 +77,58 @@ def user_env() -> dict[str, str]:
 
 def tree_rss(proc: psutil.Process) -> int:
     """Resident bytes of `proc` and every descendant (one that ends between the listing and the read counts 0)."""
-    total = 0
+    return tree_memory(proc)[0]
+
+
+def pss_of(pid: int) -> int | None:
+    """The proportional set size of a process (Linux: /proc/PID/smaps_rollup): its private pages plus its
+    share of each page it shares. A forked child shares its parent's pages until either writes them, and
+    RSS counts every such page in both; the PSS of a tree counts each page once. None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def tree_memory(proc: psutil.Process) -> tuple[int, int]:
+    """(RSS summed over the tree, PSS summed over the tree: RSS where PSS cannot be read)."""
+    rss = pss = 0
     try:
         members = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return 0, 0
     for p in members:
         try:
-            total += p.memory_info().rss
+            r = p.memory_info().rss
         except psutil.Error:
-            pass
-    return total
+            continue
+        rss += r
+        shared = pss_of(p.pid)
+        pss += r if shared is None else shared
+    return rss, pss
 
 
 def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None,
-                cwd: str | None = None, max_rss: int | None = None) -> tuple[int, int, int, float, str]:
-    """Run `cmd`, sampling its tree's RSS; the tree is killed when it passes `max_rss` bytes (a run must not
-    push the shared machine into the OOM killer). Returns (exit code, peak tree RSS, the largest process's
-    ru_maxrss, wall seconds, the tail of its stderr)."""
+                cwd: str | None = None, max_rss: int | None = None) -> tuple[int, int, int, float, str, int]:
+    """Run `cmd`, sampling its tree's RSS and PSS; the tree is killed when its PSS passes `max_rss` bytes (a run
+    must not push the shared machine into the OOM killer). Returns (exit code, peak tree RSS, the largest
+    process's ru_maxrss, wall seconds, the tail of its stderr, peak tree PSS)."""
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
     proc = psutil.Process(popen.pid)
-    peak = [0]
+    peak = [0, 0]  # tree RSS, tree PSS
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss(proc))
-            if max_rss is not None and peak[0] > max_rss:
+            rss, pss = tree_memory(proc)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            if max_rss is not None and peak[1] > max_rss:
                 kill_tree(proc)
                 return
             done.wait(SAMPLE_S)
@@ -124,7 +148,7 @@ def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: f
         killer.cancel()
     err.seek(0)
     tail = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-    return popen.returncode, peak[0], usage.ru_maxrss * 1024, wall, tail[-1] if tail else ""
+    return popen.returncode, peak[0], usage.ru_maxrss * 1024, wall, tail[-1] if tail else "", peak[1]
 
 
 def kill_tree(proc: psutil.Process) -> None:
@@ -141,7 +165,7 @@ def kill_tree(proc: psutil.Process) -> None:
 
 def baseline_rss() -> int:
     """Peak RSS of an interpreter that only imports what `xrl optimize` imports."""
-    _, peak, single, _, _ = run_sampled([sys.executable, "-c", BASELINE_CODE + "; import time; time.sleep(0.3)"],
+    _, peak, single, _, _, _ = run_sampled([sys.executable, "-c", BASELINE_CODE + "; import time; time.sleep(0.3)"],
                                         env=user_env())
     return max(peak, single)
 
@@ -168,11 +192,13 @@ def measure(model: str, kind: str, label: str, weights: int, base: int, time_lim
             timeout: float | None, workdir: Path) -> Row:
     out = workdir / f"{label.replace('/', '_')}-xrl.onnx"
     cap = int(psutil.virtual_memory().available * MAX_SHARE_OF_FREE)
-    code, peak, single, wall, tail = run_sampled(optimize_cmd(model, out, time_limit), env=user_env(),
-                                                 timeout=timeout, cwd=str(workdir), max_rss=cap)
-    if code and peak > cap:
-        tail = f"killed at {gib(peak)} GiB: over {MAX_SHARE_OF_FREE:.0%} of the memory available at its start"
-    row = Row(label, kind, weights, peak, single, base, wall, code, "" if code == 0 else tail[:160])
+    code, peak, single, wall, tail, pss = run_sampled(optimize_cmd(model, out, time_limit), env=user_env(),
+                                                      timeout=timeout, cwd=str(workdir), max_rss=cap)
+    if code and pss > cap:
+        tail = f"killed at {gib(pss)} GiB: over {MAX_SHARE_OF_FREE:.0%} of the memory available at its start"
+    elif code == -9 and timeout and wall >= timeout:
+        tail = f"killed at the {timeout:.0f} s timeout"
+    row = Row(label, kind, weights, pss, single, base, wall, code, "" if code == 0 else tail[:160], peak)
     for p in workdir.glob(f"{out.name}*"):
         p.unlink()
     return row
@@ -192,13 +218,15 @@ def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
         f"Options: the CLI's defaults (target cost, guard on){limit}.",
         f"Baseline (`python -c '{BASELINE_CODE}'`): {gib(base)} GiB resident.",
         "",
-        "Peak tree RSS: the sum over the process and its children, sampled every 50 ms. Max single: the largest "
-        "process's ru_maxrss. Target: peak at most 3x the weight bytes; small models are judged above the "
-        "baseline (the interpreter alone is more than 3x their weights).",
+        "Peak tree: the process and its children's proportional set size (PSS: each page counted once, a "
+        "forked child's pages shared with its parent included once), summed and sampled every 50 ms; RSS sum: "
+        "the same tree's resident sizes summed (shared pages counted in every process that maps them). Max "
+        "single: the largest process's ru_maxrss. Target: peak at most 3x the weight bytes; small models are "
+        "judged above the baseline (the interpreter alone is more than 3x their weights).",
         "",
         "| model | weights GiB | peak tree GiB | peak / weights | above baseline GiB | above / weights | "
-        "max single GiB | wall s | meets 3x |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "RSS sum GiB | max single GiB | wall s | meets 3x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         whole = r.ratio <= TARGET_RATIO
@@ -206,7 +234,8 @@ def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
         if r.exit_code:
             meets = f"exit {r.exit_code}: {r.note}"
         lines.append(f"| {r.model} | {gib(r.weight_bytes)} | {gib(r.peak_tree_rss)} | {r.ratio:.2f} | "
-                     f"{gib(r.above_baseline)} | {r.ratio_above_baseline:.2f} | {gib(r.max_single_rss)} | "
+                     f"{gib(r.above_baseline)} | {r.ratio_above_baseline:.2f} | {gib(r.peak_tree_rss_sum)} | "
+                     f"{gib(r.max_single_rss)} | "
                      f"{r.wall_s:.0f} | {meets} |")
     return "\n".join(lines) + "\n"
 

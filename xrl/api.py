@@ -7,9 +7,10 @@ file appears atomically.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,23 @@ class OptimizeResult:
     # Target paper only: the estimate of the searched graph, whose fused kernels the written file cannot
     # express (the figure TASO, Tensat and X-RLflow report); `speedup` is the file's
     searched_speedup: float | None = None
-    # The optimised model itself (what was or would be written), for callers that keep it in memory
-    model: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+    # What was or would be written: a full model, or a head and its weights (`to_onnx(..., external=...)`),
+    # made into the full model on first access of `model`: a run that only writes its file (the CLI)
+    # never holds the whole optimised model in memory
+    written_model: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def model(self) -> onnx.ModelProto | None:
+        """The optimised model itself (what was or would be written), for callers that keep it in memory."""
+        if isinstance(self.written_model, tuple):
+            from xrl.frontends.onnx_io import materialize
+
+            self.written_model = materialize(*self.written_model)
+        return self.written_model
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "model"}
+        # field by field: asdict would deep-copy the model, weights and all, only to drop it
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "written_model"}
 
 
 def check_output_path(output: str | Path, source: Path | None, *, force: bool) -> Path:
@@ -118,7 +131,7 @@ def as_loaded(model: str | LoadedModel | onnx.ModelProto | Graph, *, input_shape
         return LoadedModel(from_onnx(model, input_shapes, name=model.graph.name or "model"), model,
                            f"<ModelProto {model.graph.name or 'model'}>", "onnx")
     if isinstance(model, Graph):
-        return LoadedModel(model, to_onnx(model), f"<Graph {model.name}>", "graph")
+        return LoadedModel(model, None, f"<Graph {model.name}>", "graph", reload=lambda: to_onnx(model))
     if isinstance(model, (str, Path)):
         return load_model(str(model), input_shapes=input_shapes, seed=seed)
     raise XrlError(f"optimize takes a path, a built-in graph name, an onnx.ModelProto or an xrl Graph, "
@@ -170,8 +183,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     slower than the original is written; the original itself when every candidate measures slower.
     Its measurement of the written file is `measured` (no second timing is taken for `measure`)."""
     from xrl.cost import get_target
-    from xrl.frontends.onnx_io import from_onnx, save_onnx, to_onnx
-    from xrl.frontends.verify import compare_models
+    from xrl.frontends.onnx_io import from_onnx, save_onnx, to_onnx, trim_heap
+    from xrl.frontends.verify import compare_models, reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
     check_search_options(search, prepass, target, cost)
@@ -183,10 +196,19 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     cost_model = get_cost_model(cost, device=device or "auto", target=tgt.name, **dict(cost_options or {}))
     original_cost = cost_model.cost(loaded.graph)
     t0 = time.perf_counter()
+    # Memory: the original's model is a second copy of every weight beside the IR. It is taken once, for
+    # its outputs on the verification inputs (every candidate is compared with these) and for the
+    # pre-passes, and dropped before the search; it is read again only if the guard writes it.
+    original = loaded.take_reference()
+    original_nodes = len(original.graph.node)
+    ref = reference_run(original, like=loaded.graph, seed=seed, trials=verify_trials,
+                        weights=loaded.graph.initializers)
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
-    start, reports = _prepassed(loaded, tgt.prepasses if prepass is None else tuple(prepass), input_shapes,
+    start, reports = _prepassed(loaded, original, tgt.prepasses if prepass is None else tuple(prepass), input_shapes,
                                 budget)
+    del original
+    trim_heap()
     # The guard times the pre-passes' result even where the estimate drops it: the estimate proposes, the
     # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
     prepassed = start
@@ -202,8 +224,10 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                              options=search_options or {})
         best = outcome.graph.validate()
-        exported = to_onnx(best)
-        check = compare_models(loaded.reference, exported, seed=seed, trials=verify_trials)
+        # the file's model: a head whose weights are the graph's own arrays (no copy of them)
+        weights: dict = {}
+        exported = to_onnx(best, external=weights)
+        check = compare_models(ref, exported, external=weights)
         if check.ok or start is loaded.graph:
             break
         # a pre-pass changed what the model computes (beyond float32 tolerance): search from the original
@@ -213,30 +237,29 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # What is reported is the file: its cost is that of the exported model read back, never the search's.
     # The research target's fused kernels exist only in the IR (export lowers them back to plain ops):
     # its estimate of the searched graph is reported beside the file's, as `searched_speedup`.
-    written = from_onnx(exported, name=loaded.graph.name)
+    written = from_onnx(exported, name=loaded.graph.name, external=weights)
     optimized_cost = cost_model.cost(written)
     searched_cost = cost_model.cost(best) if tgt.runtime != "onnxruntime" else None
     if not check.ok:
         raise VerificationError(f"the optimised graph does not compute what the original computes "
                                 f"({check.detail}); nothing was written. Please report this with the model.")
-    reference = loaded.reference
     guard_report = None
     if _guard_on(guard, tgt, device):
         from xrl.cost.guard import GuardCandidate, measure_guard
 
-        # each candidate with the graph its file is exported from, not the file: a model's worth of weights
-        # apiece while the guard runs; the chosen one is exported again (to_onnx is deterministic)
+        # each candidate with the graph its file is exported from: the candidates share the weights they
+        # did not change (export and import pass the arrays, not copies)
         candidates = []
         if prepassed is not loaded.graph:
-            pre_export = to_onnx(prepassed)
-            if compare_models(loaded.reference, pre_export, seed=seed, trials=verify_trials).ok:
-                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name)),
-                                   prepassed))
-            del pre_export
+            pre_weights: dict = {}
+            pre_export = to_onnx(prepassed, external=pre_weights)
+            if compare_models(ref, pre_export, external=pre_weights).ok:
+                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name,
+                                                                        external=pre_weights)), prepassed))
+            del pre_export, pre_weights
         candidates.append((GuardCandidate("search", written), best))
-        exported = None  # the search's file too: exported again below if the guard keeps it
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
-                                            loaded, verify_trials)
+                                            loaded, ref)
         if alternative is not None:
             candidates.append(alternative[:2])
         options = {"repeats": 5, "warmup": 2, **dict(measure_options or {})}
@@ -246,24 +269,30 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         g = measure_guard(timer, loaded.graph, [c for c, _ in candidates], **opts)
         guard_report = g.to_json()
         chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
-        if chosen is None:  # the original: the user's model, as loaded
-            written, exported = loaded.graph, reference
+        if chosen is None:  # the original: the user's model, as loaded (read again, and checked again)
+            written, exported, weights = loaded.graph, loaded.take_reference(), None
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
-            check = compare_models(loaded.reference, reference, seed=seed, trials=1)
+            check = compare_models(ref, exported, trials=1)
+            if not check.ok:
+                raise VerificationError(f"the original model, read again to be written, no longer computes what it "
+                                        f"did ({check.detail}); nothing was written")
         elif chosen[0].label == "search":
-            exported = to_onnx(best)
+            pass  # `exported` and `weights` are the search's already
         elif chosen[0].label == "pre-pass":
-            written, exported = chosen[0].graph, to_onnx(chosen[1])
+            weights = {}
+            written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
             outcome = SearchResult(graph=prepassed, details=outcome.details)
             if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so
-                reports.append({"name": "(all)", "applied": True, "nodes_before": len(reference.graph.node),
+                reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes,
                                 "nodes_after": len(prepassed),
                                 "detail": "kept after all: the guard measured the pre-passes' result fastest"})
         elif chosen[0].label == roofline_label(search):
-            written, exported = chosen[0].graph, to_onnx(chosen[1])
+            weights = {}
+            written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
             outcome = SearchResult(graph=written, steps=alternative[2], details=outcome.details)
         optimized_cost = cost_model.cost(written)
         guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
+        del candidates, alternative, chosen
     measured = None
     if guard_report is not None and guard_report["chosen"] != "original":
         measured = guard_report["candidates"][guard_report["chosen"]]
@@ -278,18 +307,19 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         measured = measure_speedup(timer, loaded.graph, written, rounds=measure_rounds, control=True,
                                    max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS)).to_json()
     if out_path is not None:
-        save_onnx(exported, out_path)
+        save_onnx(exported, out_path, weights)  # written from the arrays: no serialised copy in memory
     report = cost_model.report() if hasattr(cost_model, "report") else None
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
         rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
-        output=str(out_path) if out_path else None, original_nodes=len(loaded.reference.graph.node),
+        output=str(out_path) if out_path else None, original_nodes=original_nodes,
         optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
         target=tgt.name, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
         measured_speedup=measured["speedup"] if measured else None,
         measured_interval=list(measured["interval95"]) if measured else None,
-        verdict=measured["verdict"] if measured else None, cost_report=report, model=exported,
+        verdict=measured["verdict"] if measured else None, cost_report=report,
+        written_model=(exported, weights) if weights else exported,
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
 
@@ -305,7 +335,7 @@ ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
 
 
 def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt: Any, device: str | None, seed: int,
-                          steps: int | None, time_limit: float | None, loaded: LoadedModel, trials: int) -> Any:
+                          steps: int | None, time_limit: float | None, loaded: LoadedModel, ref: Any) -> Any:
     """A second candidate for the guard when a search registered with `roofline_alternative` (greedy, the
     default) ran under measured kernel costs: the same search under the same kernels' roofline. Neither
     estimate ranks every rewrite as the machine does
@@ -322,10 +352,11 @@ def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt:
     roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
     outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
     best = outcome.graph.validate()
-    exported = to_onnx(best)
-    if not compare_models(loaded.reference, exported, seed=seed, trials=trials).ok:
+    weights: dict = {}
+    exported = to_onnx(best, external=weights)
+    if not compare_models(ref, exported, external=weights).ok:  # `ref`: the original's outputs (reference_run)
         return None
-    candidate = GuardCandidate(roofline_label(search), from_onnx(exported, name=loaded.graph.name))
+    candidate = GuardCandidate(roofline_label(search), from_onnx(exported, name=loaded.graph.name, external=weights))
     return candidate, best, list(outcome.steps)
 
 
@@ -345,8 +376,9 @@ def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
     return target_timing(device, tgt.name) == "measured"
 
 
-def _prepassed(loaded: LoadedModel, names: Sequence[str], input_shapes: Mapping[str, Sequence[int]] | None,
-               time_limit: float | None) -> tuple[Graph, list[dict[str, Any]]]:
+def _prepassed(loaded: LoadedModel, original: onnx.ModelProto, names: Sequence[str],
+               input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
+               ) -> tuple[Graph, list[dict[str, Any]]]:
     """The IR graph the search starts from: the model after the pre-passes (`xrl.frontends.prepass`),
     or the loaded graph itself when none applies."""
     if not names:
@@ -359,7 +391,7 @@ def _prepassed(loaded: LoadedModel, names: Sequence[str], input_shapes: Mapping[
     def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
         imported[id(m)] = from_onnx(m, input_shapes, name=loaded.graph.name).validate()
 
-    out, reports = run_prepasses(loaded.reference, names, check=importable, time_limit=time_limit)
+    out, reports = run_prepasses(original, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
         return loaded.graph, [r.to_json() for r in reports]
     return imported[id(out)], [r.to_json() for r in reports]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -12,20 +11,51 @@ from xrl.errors import ModelLoadError
 from xrl.ir import Graph
 
 
-@dataclass(frozen=True)
 class LoadedModel:
     """A model in the IR, with the ONNX model that optimised versions are verified against.
 
     For ONNX input the reference is the user's own file; for a built-in graph, the model its builder
     made; for HLO text (which onnxruntime cannot run) the IR exported as is, which the HLO tests check
     against jax's own outputs.
+
+    The reference is a second copy of every weight beside the IR's. `take_reference()` hands it over
+    and lets go of it where it can be made again (`reload`: the file read again, the graph built again),
+    so a caller that needs it once (`xrl.api.optimize`: the original's outputs, the pre-passes) does not
+    keep it for the whole run; `reference` gives it (read again if it was taken) and keeps it.
     """
 
-    graph: Graph
-    reference: onnx.ModelProto
-    source: str
-    kind: str  # "builtin" | "onnx" | "hlo"
-    path: Path | None = None
+    __slots__ = ("graph", "source", "kind", "path", "_held", "_reload")
+
+    def __init__(self, graph: Graph, reference: onnx.ModelProto | None, source: str, kind: str,
+                 path: Path | None = None, *, reload: Callable[[], onnx.ModelProto] | None = None) -> None:
+        if reference is None and reload is None:
+            raise ValueError("a LoadedModel needs its reference model or a way to make it")
+        self.graph = graph
+        self.source = source
+        self.kind = kind  # "builtin" | "onnx" | "hlo" | "graph"
+        self.path = path
+        self._held = reference
+        self._reload = reload
+
+    @property
+    def reference(self) -> onnx.ModelProto:
+        if self._held is None:
+            self._held = self._reload()  # type: ignore[misc]
+        return self._held
+
+    @property
+    def holds_reference(self) -> bool:
+        return self._held is not None
+
+    def take_reference(self) -> onnx.ModelProto:
+        """The reference, no longer held here when it can be made again (the caller's is then the only one)."""
+        ref = self.reference
+        if self._reload is not None:
+            self._held = None
+        return ref
+
+    def __repr__(self) -> str:
+        return f"LoadedModel({self.source!r}, kind={self.kind!r}, {len(self.graph)} nodes)"
 
 
 def names_a_file(spec: str) -> bool:
@@ -58,7 +88,8 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
 
     if not names_a_file(spec):
         model = graphs.build(spec, batch=batch, seed=seed)
-        return LoadedModel(from_onnx(model, input_shapes, name=spec), model, spec, "builtin")
+        return LoadedModel(from_onnx(model, input_shapes, name=spec), model, spec, "builtin",
+                           reload=lambda: graphs.build(spec, batch=batch, seed=seed))
     path = Path(spec)
     if not path.exists():
         raise ModelLoadError(f"{spec}: no such file (give an .onnx file, an HLO text file, or a built-in graph "
@@ -72,9 +103,18 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
         if input_shapes:
             raise ModelLoadError("--input-shape applies to ONNX models; HLO modules have static shapes")
         graph = load_hlo(path)
-        return LoadedModel(graph, to_onnx(graph), spec, "hlo", path)
+        return LoadedModel(graph, None, spec, "hlo", path, reload=lambda: to_onnx(graph))
     graph = load_onnx(path, input_shapes)
-    return LoadedModel(graph, onnx.load(str(path)), spec, "onnx", path)
+    # the file is read again when the reference is wanted (onnx.load): the IR holds the weights meanwhile
+    return LoadedModel(graph, None, spec, "onnx", path, reload=lambda: _read_again(path))
+
+
+def _read_again(path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # the file changed or went away since it was loaded
+        raise ModelLoadError(f"{path} could not be read again ({type(e).__name__}: {e}); "
+                             f"keep the model file in place while xrl runs") from e
 
 
 def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]]:

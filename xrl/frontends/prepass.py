@@ -72,11 +72,16 @@ def _quiet():
         logging.disable(previous)
 
 
+# True in a pre-pass's own process (a fork): the model there is the child's copy-on-write view of the
+# parent's, which a pass may change without copying it first (the parent never sees the change)
+_OWNED = False
+
+
 def _onnxslim(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     import onnxslim
 
-    with _quiet():
-        out = onnxslim.slim(copy.deepcopy(model))
+    with _quiet():  # onnxslim changes the model it is given: a copy (a model's worth of weights) unless owned
+        out = onnxslim.slim(model if _OWNED else copy.deepcopy(model))
     return out, ""
 
 
@@ -84,6 +89,7 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     ops = {n.op_type for n in model.graph.node}
     if not ops & _TRANSFORMER_HINTS:
         return model, "no attention or normalisation ops"
+    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     best, best_type, best_fused = model, "", 0
@@ -94,10 +100,15 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         for heads, hidden in shapes:
             if any(n.op_type == "Attention" for n in best.graph.node):
                 break  # attention is fused: the other settings will not add to it
+            # the mask as the model reads it: the optimizer's default (mask_index, the count of ones per row)
+            # is exact only for right-padded masks, and xrl's verification feeds any 0/1 mask
+            options = FusionOptions(model_type)
+            options.attention_mask_format = AttentionMaskFormat.AttentionMask
             try:
                 with _quiet():
                     out = optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=heads,
-                                         hidden_size=hidden, opt_level=0, use_gpu=False).model
+                                         hidden_size=hidden, opt_level=0, use_gpu=False,
+                                         optimization_options=options).model
             except Exception as e:  # the optimizer's fusions assert on shapes they do not expect
                 log.info("ort-transformers (%s, %d heads) failed: %s", model_type, heads, e)
                 continue
@@ -233,7 +244,9 @@ def _scratch_cwd():
 def _in_child(name: str, model: onnx.ModelProto, result: str, conn, parent: int) -> None:  # noqa: ANN001
     # `model` is the parent's own object, inherited by the fork (nothing serialised on the way in); the
     # pass's output goes to the file `result`, and the pipe carries only (written?, detail, error)
+    global _OWNED
     _die_with_parent(parent)
+    _OWNED = True
     try:
         with _scratch_cwd():
             out, detail = _RUNNERS[name](model)

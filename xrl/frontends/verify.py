@@ -300,12 +300,20 @@ def compare_to(ref: ReferenceRun, candidate: onnx.ModelProto | Graph, *, externa
                         f"max relative {max_rel:.3g} (rtol {rtol:g}, atol {atol:g})")
 
 
-def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, seed: int = 0, trials: int = 2,
-                   rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
-    """Run both models on `trials` random input sets (seeds seed, seed+1, ...) and compare outputs
-    by position. Dims the reference leaves dynamic take the candidate's sizes."""
+def compare_models(reference: onnx.ModelProto | ReferenceRun, candidate: onnx.ModelProto | Graph, *, seed: int = 0,
+                   trials: int | None = None, rtol: float = 1e-3, atol: float = 1e-4,
+                   external: Mapping[str, np.ndarray] | None = None) -> VerifyResult:
+    """Run both models on `trials` (None: 2) random input sets (seeds seed, seed+1, ...) and compare outputs
+    by position. Dims the reference leaves dynamic take the candidate's sizes.
+
+    `reference` may be the original's outputs taken once (`reference_run`: its inputs, seed and trials;
+    `trials` then limits how many of them are compared), and `candidate` a head with its weights in
+    `external`, or an IR graph (see `compare_to`)."""
+    if isinstance(reference, ReferenceRun):
+        return compare_to(reference, candidate, external=external, rtol=rtol, atol=atol, trials=trials)
+    trials = 2 if trials is None else trials
     inf = float("inf")
-    specs, problem = _joint_specs(reference, candidate)
+    specs, problem = _joint_specs(reference, candidate)  # a head's tensors keep their dims: its inputs read alike
     if problem:
         return VerifyResult(False, inf, inf, 0, problem)
     # One session at a time: each holds a copy of its model's weights, so the reference's outputs for every
@@ -317,7 +325,7 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, *, se
                        tuple(o.name for o in reference.graph.output), seed)
     del ref_session
     trim_heap()
-    return compare_to(ref, candidate, rtol=rtol, atol=atol)
+    return compare_to(ref, candidate, external=external, rtol=rtol, atol=atol)
 
 
 def _joint_specs(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> tuple[list[InputSpec], str]:
