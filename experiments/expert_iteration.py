@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import splits  # noqa: E402
 
 # The recipe of the default policy's training (experiments/train_default_policy.py --recipe expert).
-RECIPE = {"iterations": 6, "search_budget": 1.0, "epochs": 6, "tree_states": 64, "tree_keep": 2, "clock": "cpu"}
+RECIPE = {"iterations": 6, "search_budget": 1.0, "epochs": 4, "tree_states": 32, "tree_keep": 2, "clock": "cpu"}
 
 
 def parser() -> argparse.ArgumentParser:

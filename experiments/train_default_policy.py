@@ -74,7 +74,8 @@ def expert_recipe(argv: list[str]) -> int:
     dst = POLICY.with_name(f"{args.ship}.pt")
     from xrl.rl.checkpoint import export_policy
 
-    meta = {"command": command, "train_time_s": round(report["time_s"], 1), "recipe": "expert iteration",
+    meta = {"command": command, "run_command": report.get("command"), "train_time_s": round(report["time_s"], 1),
+            "recipe": "expert iteration",
             "target": report.get("target"), "value_timing": report.get("value_timing"),
             "train_graphs": split["train_graphs"], "val_graphs": split["val_graphs"],
             "held_out": split.get("held_out"), "best_iteration": report.get("best_iteration"),

@@ -34,6 +34,7 @@ cost model the search used.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -244,7 +245,8 @@ def expert_iteration(train: Mapping[str, Graph], val: Mapping[str, Graph], cost:
                      cfg: ExpertIterationConfig, *, out: str | Path, policy: Any = None,
                      value_cost: CostModel | None = None) -> dict[str, Any]:
     """Run `cfg.iterations` of expert iteration on `train`, select on `val` (or on `train` if `val` is empty);
-    writes best.pt and last.pt to `out`; returns a report (per iteration: experts, losses, validation).
+    writes best.pt, last.pt and report.json (after every iteration) to `out`; returns a report (per iteration:
+    experts, losses, validation).
     `value_cost`: the cost model of the value head's returns (None: `cost`, the search's)."""
     from xrl.env import GraphRewriteEnv
     from xrl.env.graph_rewrite import default_horizon
@@ -319,7 +321,9 @@ def expert_iteration(train: Mapping[str, Graph], val: Mapping[str, Graph], cost:
             best_score = score
             save_checkpoint(out / "best.pt", policy, update=it, config={"env": env_config}, metadata=meta)
             report["best_iteration"] = it
-    report["time_s"] = time.perf_counter() - t_start
+        report["time_s"] = time.perf_counter() - t_start
+        # after every iteration: a run stopped early (a wall-time cap) still has its report beside best.pt
+        (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report
 
 
