@@ -104,3 +104,116 @@ def test_external_data_save_neither_changes_nor_copies_the_callers_model(tmp_pat
     again = onnx.load(str(out))
     for a, b in zip(model.graph.initializer, again.graph.initializer):
         np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+
+
+# ----- one copy of each weight: heads, sessions, the reference, the pre-pass child ---------------
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+
+
+def test_an_export_head_holds_no_weight_bytes_and_round_trips_without_copies(tmp_path):
+    from xrl.frontends.onnx_io import materialize, save_onnx
+
+    g = from_onnx(_mlp())
+    full = to_onnx(g)
+    weights: dict = {}
+    head = to_onnx(g, external=weights)
+    assert head.ByteSize() < _weight_bytes(full) / 100
+    assert set(weights) == set(g.initializers)
+    assert all(np.shares_memory(weights[k], g.initializers[k]) for k in weights)  # the graph's own arrays
+    assert materialize(head, weights).SerializeToString() == full.SerializeToString()
+    again = from_onnx(head, external=weights)
+    assert again.canonical_hash == from_onnx(full).canonical_hash
+    assert all(again.initializers[k] is weights[k] or np.shares_memory(again.initializers[k], weights[k])
+               for k in weights)
+    out = save_onnx(head, tmp_path / "m.onnx", weights)  # written from the arrays, read back as the model
+    assert onnx.load(str(out)).SerializeToString() == full.SerializeToString()
+
+
+def test_sessions_are_given_the_weights_apart_not_inside_the_serialised_model(monkeypatch):
+    # onnxruntime copies each array once; the model it parses is the head (serialising the whole model held
+    # its bytes three times while the session opened: the bytes, onnxruntime's protobuf, its tensors)
+    import onnxruntime as ort
+
+    from xrl.cost.ort import OrtCostModel
+
+    parsed: list[int] = []
+    real = ort.InferenceSession
+
+    def spy(model, *a, **k):  # noqa: ANN001
+        parsed.append(len(model) if isinstance(model, bytes) else -1)
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    ref = _mlp()
+    weights = _weight_bytes(ref)
+    g = from_onnx(ref)
+    OrtCostModel(device="cpu", warmup=1, repeats=1, threads=1, cache=False).measure(g)
+    assert verify.compare_models(ref, to_onnx(g), trials=1).ok
+    assert len(parsed) == 3 and all(0 < n < weights / 100 for n in parsed), parsed
+
+
+def test_verifying_against_stored_reference_outputs_matches_verifying_against_the_model():
+    ref, cand, wrong = _mlp(), to_onnx(from_onnx(_mlp())), _mlp(seed=1)
+    stored = verify.reference_run(ref, like=from_onnx(ref), seed=3, trials=2)
+    for c in (cand, wrong):
+        a, b = verify.compare_models(stored, c), verify.compare_models(ref, c, seed=3, trials=2)
+        assert (a.ok, a.max_abs_err, a.trials) == (b.ok, b.max_abs_err, b.trials)
+    weights: dict = {}
+    head = to_onnx(from_onnx(ref), external=weights)
+    assert verify.compare_models(stored, head, external=weights).ok
+    assert verify.compare_models(stored, from_onnx(ref)).ok  # an IR graph, exported on the way
+
+
+def test_loaded_model_lets_go_of_the_reference_it_can_make_again(tmp_path):
+    from xrl.frontends.loader import load_model
+
+    built = load_model("mlp")
+    first = built.take_reference()
+    assert not built.holds_reference  # the builder makes it again when asked
+    assert built.reference.SerializeToString() == first.SerializeToString()
+    path = tmp_path / "m.onnx"
+    onnx.save(_mlp(), str(path))
+    loaded = load_model(str(path))
+    assert not loaded.holds_reference  # a file is read again when wanted, not kept beside the IR
+    assert loaded.reference.SerializeToString() == onnx.load(str(path)).SerializeToString()
+
+
+def test_optimize_holds_no_copy_of_the_original_model_while_it_searches(monkeypatch):
+    # the original's outputs are taken once; its model (a second copy of every weight) is gone by the search
+    import gc
+
+    import xrl.api as api
+    from xrl.frontends.loader import load_model
+
+    loaded = load_model("mlp")
+    weights = _weight_bytes(loaded.reference)
+    seen: list[int] = []
+    real = api.run_search
+
+    def spy(*a, **k):  # noqa: ANN002, ANN003
+        gc.collect()
+        seen.append(max((sum(len(t.raw_data) for t in o.graph.initializer) for o in gc.get_objects()
+                         if type(o) is onnx.ModelProto), default=0))
+        return real(*a, **k)
+
+    monkeypatch.setattr(api, "run_search", spy)
+    res = api.optimize(loaded, search="greedy", cost="analytic", guard=False, time_limit=5, prepass=())
+    assert res.verified and seen
+    assert max(seen) < weights / 2, (max(seen), weights)
+    assert res.model is not None and verify.compare_models(load_model("mlp").reference, res.model, trials=1).ok
+
+
+def test_the_onnxslim_child_changes_its_own_forked_model_instead_of_a_copy(monkeypatch):
+    from xrl.frontends import prepass
+
+    real = prepass.copy.deepcopy
+
+    def no_copies(x, *a):  # noqa: ANN001, ANN002
+        if isinstance(x, onnx.ModelProto):
+            raise AssertionError("deepcopy of the model in the pre-pass child")
+        return real(x, *a)
+
+    monkeypatch.setattr(prepass.copy, "deepcopy", no_copies)
+    out, reports = prepass.run_prepasses(_mlp(), ["onnxslim"], time_limit=60)
+    assert not any("deepcopy" in r.detail for r in reports), reports

@@ -183,7 +183,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     slower than the original is written; the original itself when every candidate measures slower.
     Its measurement of the written file is `measured` (no second timing is taken for `measure`)."""
     from xrl.cost import get_target
-    from xrl.frontends.onnx_io import from_onnx, save_onnx, to_onnx, trim_heap
+    from xrl.frontends.onnx_io import from_onnx, save_onnx, split_model, to_onnx, trim_heap
     from xrl.frontends.verify import compare_models, reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
@@ -201,14 +201,18 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # pre-passes, and dropped before the search; it is read again only if the guard writes it.
     original = loaded.take_reference()
     original_nodes = len(original.graph.node)
-    ref = reference_run(original, like=loaded.graph, seed=seed, trials=verify_trials,
-                        weights=loaded.graph.initializers)
+    # the original as a head and its weights: each weight whose bytes equal the IR's is the IR's array
+    original_head, original_weights = split_model(original, like=loaded.graph.initializers)
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
     start, reports = _prepassed(loaded, original, tgt.prepasses if prepass is None else tuple(prepass), input_shapes,
                                 budget)
     del original
     trim_heap()
+    # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
+    # no second copy of them held while its session runs
+    ref = reference_run(original_head, like=loaded.graph, seed=seed, trials=verify_trials, external=original_weights)
+    del original_head, original_weights
     # The guard times the pre-passes' result even where the estimate drops it: the estimate proposes, the
     # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
     prepassed = start
