@@ -224,3 +224,58 @@ def test_the_transformers_pre_pass_reads_the_head_count_off_the_reshapes():
     assert _head_shapes(model) == [(4, 64)]
     fused, detail = _ort_transformers(model)
     assert Counter(n.op_type for n in fused.graph.node)["Attention"] == 2, detail
+
+
+def test_the_transformers_pre_pass_keeps_the_mask_exact():
+    """The optimizer's default mask form (mask_index: ReduceSum of the mask, a count of ones) is exact only for
+    right-padded masks; the pre-pass asks for the raw mask, so the fused Attention verifies on any 0/1 mask."""
+    from xrl.frontends.prepass import _ort_transformers
+    from xrl.frontends.verify import compare_models
+
+    model = F.build_onnx("attn_bert", "small", "ts")
+    fused, _ = _ort_transformers(model)
+    assert "ReduceSum" not in {n.op_type for n in fused.graph.node}
+    check = compare_models(model, fused, trials=3)
+    assert check.ok and check.max_abs_err < 1e-4, check.detail
+
+
+@pytest.mark.parametrize(("member", "exporter", "wanted", "unwanted"), [
+    ("attn_bert", "ts", {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2}, {"Gemm", "Softmax"}),
+    ("attn_mha", "ts", {"SkipLayerNormalization": 4, "Gelu": 2}, {"LayerNormalization", "Erf"}),
+])
+def test_ort_targets_run_the_transformers_optimizer_before_onnxslim(member, exporter, wanted, unwanted):
+    """ort-cpu's pre-passes: the transformers optimizer first (onnxslim's Reshape-Gemm-Reshape form of a MatMul+Add
+    hides q/k/v from its Attention fusion and the bias from its BiasGelu fusion), onnxslim, then the optimizer
+    again for exports it can only read after onnxslim's clean-up (nn.MultiheadAttention as TorchScript writes it)."""
+    from xrl.frontends.prepass import run_prepasses
+    from xrl.frontends.verify import compare_models
+
+    assert get_target("ort-cpu").prepasses == ("ort-transformers", "onnxslim", "ort-transformers")
+    model = F.build_onnx(member, "small", exporter)
+    out, reports = run_prepasses(model, get_target("ort-cpu").prepasses, time_limit=300)
+    hist = _histogram(out)
+    assert all(hist[op] == n for op, n in wanted.items()), (hist, [r.detail for r in reports])
+    assert not unwanted & set(hist), hist
+    assert compare_models(model, out, trials=2).ok
+
+
+def test_default_optimisation_of_attn_bert_keeps_the_fused_attention(results: dict) -> None:
+    result = _optimized(results, "ts", "ort-cpu", None, member="attn_bert")
+    assert _histogram(result.model)["Attention"] == 2
+    assert result.verified and result.max_abs_err < 1e-4
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_default_optimisation_of_attn_packed_fuses_multi_head_attention(exporter: str, results: dict) -> None:
+    """timm's packed-QKV attention (no mask) becomes onnxruntime's MultiHeadAttention in both exports, through
+    fuse_mha_packed_split (TorchScript's Split) or fuse_mha_packed_slice (dynamo's three Slices); its limit is the
+    plain export, so the limit's own optimisation is the same computation."""
+    result = _optimized(results, exporter, "ort-cpu", None, member="attn_packed")
+    hist = _histogram(result.model)
+    assert hist["MultiHeadAttention"] == 2 and "Softmax" not in hist, hist
+    assert {s.split("@", 1)[0] for s in result.steps} & {"fuse_mha_packed_split", "fuse_mha_packed_slice"}
+    assert result.verified and result.max_abs_err < 1e-4
+    feeds = F.input_feeds("attn_packed", "small", seed=2)
+    (want,) = F.run(F.build_onnx("attn_packed", "small", exporter), feeds)
+    (got,) = F.run(result.model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))

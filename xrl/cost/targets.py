@@ -61,9 +61,9 @@ TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("ort-cpu", "onnxruntime on the CPU (all graph optimisations on)", "onnxruntime", "cpu", "cpu",
-               ("onnxslim", "ort-transformers")),
+               ("ort-transformers", "onnxslim", "ort-transformers")),
         Target("ort-cuda", "onnxruntime with the CUDA execution provider", "onnxruntime", "cuda", "auto",
-               ("onnxslim", "ort-transformers")),
+               ("ort-transformers", "onnxslim", "ort-transformers")),
         Target("paper", "research setting of TASO/Tensat/X-RLflow: one H100 kernel per op, unfused baseline",
                "kernels", "cuda", "h100", (), research=True),
     )

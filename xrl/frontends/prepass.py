@@ -89,6 +89,9 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     ops = {n.op_type for n in model.graph.node}
     if not ops & _TRANSFORMER_HINTS:
         return model, "no attention or normalisation ops"
+    if any(n.domain == CONTRIB_DOMAIN for n in model.graph.node):
+        # a second run (ort targets run it before and after onnxslim) adds nothing to the first's fusions
+        return model, "already fused by an earlier run"
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
