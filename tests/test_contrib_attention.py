@@ -1,7 +1,8 @@
 """onnxruntime's contrib MultiHeadAttention (com.microsoft) in xrl (issue 23): the IR's numpy semantics of the op
 are onnxruntime's kernel's, it round-trips through import and export in its domain, only onnxruntime targets run
 it, the fusion rules of rewrite_rules/contrib_attention.rules verify at 20 trials, and xrl's search fuses an
-unmasked attention block into it under ort-cpu (never under paper), verified against the original.
+unmasked attention block into it under ort-cpu (never under paper), verified against the original. The family
+member it fuses (attn_packed, timm's packed QKV, both exporters) is tested in tests/test_families_transformer.py.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def test_the_attention_rules_verify_at_20_trials() -> None:
 
     path = Path(__file__).resolve().parents[1] / "rewrite_rules" / "contrib_attention.rules"
     rules = parse_rules(path.read_text(), str(path))
-    assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul"}
+    assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul", "fuse_mha_packed_split", "fuse_mha_packed_slice"}
     for rule in rules:
         check = verify_rule(rule, seed=3, trials=20)
         assert check.ok and check.trials == 20 and check.max_err <= 1e-9, (rule.name, check.detail)
