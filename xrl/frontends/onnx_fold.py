@@ -364,8 +364,9 @@ def simplify(work: OnnxWork, label: str) -> dict[str, TypeProto]:
 # A constant Pad whose border is then overwritten with one value per channel by slice assignments
 # (Diverse Branch Block's BNAndPadLayer: `out = F.pad(x); out[:, :, 0:p, :] = v; ...`), which both torch
 # exporters write as ScatterNDs with constant indices and updates (dynamo between Transposes). ScatterND
-# is opaque to the IR; the chain computes Pad(x - v) + v with v of shape (1, C, 1, ...), which is what
-# import writes instead, so that rules can reason about the pad (tests/test_dbb.py).
+# is opaque to the IR; the chain computes Pad(x - v) + v with v of shape (1, C, 1, ...) (up to the rounding of
+# (x - v) + v inside, 2^-24 relative), which is what import writes instead, so that rules can reason about the
+# pad (rewrite_rules/reparam_dbb.rules, tests/test_dbb.py).
 _CHAIN_OPS = frozenset({"Transpose", "Identity", "ScatterND"})
 _MAX_CHAIN = 16
 _MAX_CHANNEL_PAD = 1 << 23  # elements of a padded tensor the check evaluates (three float64 copies)
