@@ -540,7 +540,9 @@ def run_isolated(member: str, exporter: str, args, workdir: Path, bar) -> Result
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(member, exporter, args, workdir, q), daemon=True)
+    # not a daemon: xrl's pre-passes run in child processes of their own, which a daemon may not start (every
+    # pre-pass was dropped, and the xrl column measured the search alone)
+    proc = ctx.Process(target=_child, args=(member, exporter, args, workdir, q), daemon=False)
     proc.start()
     while True:
         try:
