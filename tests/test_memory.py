@@ -217,3 +217,33 @@ def test_the_onnxslim_child_changes_its_own_forked_model_instead_of_a_copy(monke
     monkeypatch.setattr(prepass.copy, "deepcopy", no_copies)
     out, reports = prepass.run_prepasses(_mlp(), ["onnxslim"], time_limit=60)
     assert not any("deepcopy" in r.detail for r in reports), reports
+
+
+def test_when_the_guard_keeps_the_original_it_is_written_from_the_irs_arrays(tmp_path, monkeypatch):
+    # the original is read again to be written, checked against its stored outputs, and written from the
+    # IR's byte-equal arrays: no model with the weights is held while the file is written
+    import gc
+
+    import xrl.api as api
+    import xrl.cost.guard as guard
+    from xrl.frontends import onnx_io
+
+    src = tmp_path / "in.onnx"
+    onnx.save(_mlp(), str(src))
+    monkeypatch.setattr(guard, "measure_guard", lambda *a, **k: guard.GuardResult(guard.ORIGINAL, "forced", {}, 0, 0.0))
+    held: list[int] = []
+    real = onnx_io.save_onnx
+
+    def spy(model, path, external=None):  # noqa: ANN001
+        gc.collect()
+        held.append(max((sum(len(t.raw_data) for t in o.graph.initializer) for o in gc.get_objects()
+                         if type(o) is onnx.ModelProto), default=0))
+        return real(model, path) if external is None else real(model, path, external)
+
+    monkeypatch.setattr(onnx_io, "save_onnx", spy)
+    out = tmp_path / "out.onnx"
+    res = api.optimize(str(src), output=out, search="greedy", cost="analytic", target="ort-cpu", guard=True,
+                       time_limit=5, prepass=())
+    assert res.guard["chosen"] == "original" and res.verified
+    assert held and held[0] < _weight_bytes(_mlp()) / 2, held
+    assert onnx.load(str(out)).SerializeToString() == onnx.load(str(src)).SerializeToString()

@@ -274,9 +274,13 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         guard_report = g.to_json()
         chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
         if chosen is None:  # the original: the user's model, as loaded (read again, and checked again)
-            written, exported, weights = loaded.graph, loaded.take_reference(), None
+            original = loaded.take_reference()
+            # its weights the IR's arrays where byte for byte equal: written from them, no copy held
+            exported, weights = split_model(original, like=loaded.graph.initializers)
+            written = loaded.graph
+            del original
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
-            check = compare_models(ref, exported, trials=1)
+            check = compare_models(ref, exported, external=weights, trials=1)
             if not check.ok:
                 raise VerificationError(f"the original model, read again to be written, no longer computes what it "
                                         f"did ({check.detail}); nothing was written")
