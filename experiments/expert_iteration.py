@@ -63,7 +63,6 @@ def train(args: argparse.Namespace, command: str) -> dict:
     import torch
 
     from xrl.cost import get_cost_model, target_timing
-    from xrl.errors import ConfigError
     from xrl.frontends.loader import load_model
     from xrl.rl.expert_iteration import ExpertIterationConfig, expert_iteration
 
@@ -79,10 +78,7 @@ def train(args: argparse.Namespace, command: str) -> dict:
     cfg = ExpertIterationConfig(iterations=args.iterations, search_budget=args.search_budget, epochs=args.epochs,
                                 use_hints=args.hints, seed=args.seed, tree_states=args.tree_states,
                                 tree_keep=args.tree_keep, clock=args.clock)
-    try:
-        graphs = {g: load_model(g, seed=0).graph for g in (*train_graphs, *val_graphs)}
-    except (KeyError, ValueError, ConfigError) as e:
-        raise SystemExit(f"expert_iteration: {e}") from None
+    graphs = {g: load_model(g, seed=0).graph for g in (*train_graphs, *val_graphs)}
     report = expert_iteration({g: graphs[g] for g in train_graphs}, {g: graphs[g] for g in val_graphs}, cost, cfg,
                               out=out, value_cost=value_cost)
     report.update(command=command, target=args.target, search_timing=search_timing,
@@ -102,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     command = "XRL_NO_CALIBRATION=1 .venv/bin/python experiments/expert_iteration.py " + " ".join(
         a for a in (sys.argv[1:] if argv is None else argv) if a != "--skip-train")
     if not args.skip_train:
-        train(args, command)
+        from xrl.errors import XrlError
+
+        try:
+            train(args, command)
+        except XrlError as e:  # a bad graph name or setting: one line, exit 2
+            print(f"expert_iteration: {str(e).splitlines()[0][:300]}", file=sys.stderr)
+            return 2
     if args.no_eval:
         return 0
     import rl_ablation

@@ -111,3 +111,19 @@ def test_cpu_clock_makes_the_search_budget_count_cpu_seconds_and_is_restored():
         assert guided.time is real
     with pytest.raises(ConfigError, match="clock"):
         ExpertIterationConfig(clock="gpu")
+
+
+def test_the_experiment_answers_a_bad_graph_with_one_line_and_exit_2(tmp_path, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("expert_iteration_script", root / "expert_iteration.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    code = script.main(["--graphs", "no_such_graph", "--val", "", "--out", str(tmp_path), "--no-eval"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("expert_iteration: unknown built-in graph 'no_such_graph'")
+    assert "Traceback" not in "\n".join(err)
