@@ -247,3 +247,24 @@ def test_when_the_guard_keeps_the_original_it_is_written_from_the_irs_arrays(tmp
     assert res.guard["chosen"] == "original" and res.verified
     assert held and held[0] < _weight_bytes(_mlp()) / 2, held
     assert onnx.load(str(out)).SerializeToString() == onnx.load(str(src)).SerializeToString()
+
+
+def test_a_head_past_the_external_data_threshold_is_written_from_its_arrays(tmp_path, monkeypatch):
+    from xrl.frontends import onnx_io
+
+    g = from_onnx(_mlp())
+    full = to_onnx(g)
+    weights: dict = {}
+    head = to_onnx(g, external=weights)
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1)
+    out = onnx_io.save_onnx(head, tmp_path / "big.onnx", weights)
+    again = onnx.load(str(out))
+    for a, b in zip(full.graph.initializer, again.graph.initializer):
+        assert a.name == b.name
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    try:
+        onnx_io.save_onnx(head, tmp_path / "lost.onnx")  # a head without its arrays is not a model
+    except Exception as e:  # noqa: BLE001
+        assert "kept apart" in str(e)
+    else:
+        raise AssertionError("a head was written without its weights")
