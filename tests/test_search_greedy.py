@@ -44,7 +44,9 @@ def test_greedy_improves_small_graphs(name: str, engine: RewriteEngine, model) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "vit", "dalle", "tt", "inception_v3", "resnext50", "squeezenet"])
+# inception_v3 and resnext50 (40 and 20 s on two quiet cores) are greedy's benchmark graphs: their runs are
+# experiments/compare_suite.py's, and the search code they exercise is the one these graphs exercise
+@pytest.mark.parametrize("name", ["bert", "vit", "dalle", "tt", "squeezenet"])
 def test_greedy_improves_builtin_graphs(name: str, engine: RewriteEngine, model) -> None:
     check_greedy(name, engine, model)
 
