@@ -11,8 +11,9 @@ the ablations of issue 24, runnable on a user's own graphs.
 With the stop rule (the default) the search is anchored on greedy search (option `anchor`, default: on
 with `stop`): greedy runs first, to completion unless a time limit or budget cuts it, on the same memoising
 engine (`xrl.rl.guided.MemoEngine`), and its result is the guided search's incumbent. The earned time then
-counts from greedy's end, so where nothing beyond greedy is found the whole search takes about EARN (2)
-times greedy's time; the result is never below greedy's; and the argmax rollout, where it follows greedy's
+counts from greedy's end, so where nothing beyond greedy is found the whole search takes about
+ANCHOR_EARN (1.5) times greedy's time (xrl.rl.guided); the result is never below greedy's; rule-first
+descents look for what greedy's first rule closed off; and the argmax rollout, where it follows greedy's
 path, finds greedy's states enumerated already. Without a budget or time limit the guided part has
 GUIDED_BUDGET_S seconds after greedy; a `budget` or `time_limit` bounds the whole run, greedy included.
 `argmax` plays the policy greedily from the input graph until it chooses to stop, for at most
