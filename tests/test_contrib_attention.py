@@ -58,6 +58,38 @@ def test_numpy_semantics_of_multi_head_attention_match_onnxruntime(attrs: dict, 
     np.testing.assert_array_equal(_run(written, feeds)[0], _run(model, feeds)[0])
 
 
+@pytest.mark.parametrize(("names", "attrs"), [
+    (["q", "k", "v", "", "", "ab"], {}),
+    (["q", "k", "v", "bias", "pad"], {}),
+    (["q", "k", "v", "bias", "pad", "ab"], {"mask_filter_value": -1e9}),
+    (["q", "k", "v", "", "pad"], {"scale": 0.2}),
+], ids=["attention_bias", "key_padding_mask", "both", "mask_no_bias"])
+def test_masked_multi_head_attention_matches_onnxruntime(names: list, attrs: dict) -> None:
+    """The masks onnxscript's fusions write (attention_bias; key_padding_mask adds mask_filter_value where it is
+    0), with omitted optional inputs between: the IR computes them as onnxruntime does and writes them back."""
+    b, s, kv, d, heads = 2, 5, 7, 12, 3
+    rng = np.random.default_rng(4)
+    node = helper.make_node("MultiHeadAttention", names, ["y"], domain="com.microsoft", num_heads=heads, **attrs)
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, s, d]),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [b, kv, d]) for n in "kv"),
+              helper.make_tensor_value_info("pad", TensorProto.INT32, [b, kv])]
+    inits = [nh.from_array(rng.standard_normal(3 * d).astype(np.float32), "bias"),
+             nh.from_array(rng.standard_normal((1, heads, s, kv)).astype(np.float32), "ab")]
+    graph = helper.make_graph([node], "mha", [i for i in inputs if i.name in names],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[i for i in inits if i.name in names])
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    shapes = {"q": (b, s, d), "k": (b, kv, d), "v": (b, kv, d)}
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in shapes.items()}
+    feeds["pad"] = (rng.random((b, kv)) < 0.7).astype(np.int32)
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    imported = from_onnx(model)
+    np.testing.assert_allclose(execute(imported, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    written = to_onnx(imported)
+    assert [list(n.input) for n in written.graph.node] == [names]
+    np.testing.assert_array_equal(_run(written, feeds)[0], _run(model, feeds)[0])
+
+
 def test_only_onnxruntime_targets_run_multi_head_attention() -> None:
     assert get_target("ort-cpu").runs("MultiHeadAttention")
     assert get_target("ort-cuda").runs("MultiHeadAttention")

@@ -340,6 +340,10 @@ def _mha(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
     scale = node.attr("scale", 0.0) or 1.0 / np.sqrt(q.shape[2] // heads)
     scores = split(q) @ split(k).transpose(0, 1, 3, 2) * np.asarray(scale, dtype=q.dtype)
+    if len(a) > 5 and a[5] is not None:
+        scores = scores + a[5]
+    if len(a) > 4 and a[4] is not None:  # onnxruntime adds mask_filter_value where the mask is 0
+        scores = scores + np.where(a[4][:, None, None, :] == 0, node.attr("mask_filter_value", -10000.0), 0.0)
     if node.attr("unidirectional", 0):
         scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
     z = np.exp(scores - scores.max(axis=-1, keepdims=True))

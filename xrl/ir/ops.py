@@ -489,27 +489,38 @@ _register("RotaryEmbedding", "elementwise", _infer_rotary, lambda n, i, o: 3 * o
           onnx_domain="com.microsoft", runtime="onnxruntime")
 
 
-def _infer_mha(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
-    if not 3 <= len(ins) <= 4:
-        raise _fail(node, f"takes query, key, value and an optional bias, got {len(ins)} inputs")
+def _infer_mha(node: Node, ins: list[TensorType | None], consts: Consts) -> list[TensorType]:
+    if not 3 <= len(ins) <= 6:
+        raise _fail(node, f"takes query, key, value, bias, key_padding_mask and attention_bias (no past), got "
+                          f"{len(ins)} inputs")
     q, k, v = ins[:3]
+    bias, pad, extra = (list(ins[3:]) + [None] * 3)[:3]
     heads = node.attr("num_heads", 0)
+    if q is None or k is None or v is None:
+        raise _fail(node, "query, key and value must all be given (packed forms are not supported)")
     if q.rank != 3 or k.rank != 3 or v.rank != 3 or k.shape[:2] != v.shape[:2] or q.shape[0] != k.shape[0]:
         raise _fail(node, f"query {q}, key {k} and value {v} must be (batch, sequence, hidden)")
     if heads < 1 or q.shape[2] != k.shape[2] or q.shape[2] % heads or v.shape[2] % heads:
         raise _fail(node, f"num_heads {heads} must divide the hidden sizes of query {q}, key {k} and value {v}")
-    if len(ins) == 4 and ins[3].shape != (2 * q.shape[2] + v.shape[2],):
-        raise _fail(node, f"bias {ins[3]} must be ({2 * q.shape[2] + v.shape[2]},): q, k and v biases")
-    if node.attr("unidirectional", 0) and q.shape[1] != k.shape[1]:
+    b, s, kv = q.shape[0], q.shape[1], k.shape[1]
+    if bias is not None and bias.shape != (2 * q.shape[2] + v.shape[2],):
+        raise _fail(node, f"bias {bias} must be ({2 * q.shape[2] + v.shape[2]},): q, k and v biases")
+    if pad is not None and (pad.shape != (b, kv) or pad.dtype != "int32"):
+        raise _fail(node, f"key_padding_mask {pad} must be int32 (batch, key sequence)")
+    if extra is not None and (extra.rank != 4 or extra.shape[2:] != (s, kv) or extra.shape[0] not in (1, b)
+                              or extra.shape[1] not in (1, heads)):
+        raise _fail(node, f"attention_bias {extra} must be (1 or batch, 1 or heads, {s}, {kv})")
+    if node.attr("unidirectional", 0) and s != kv:
         raise _fail(node, "unidirectional attention needs query and key of one sequence length")
     if len(node.outputs) != 1:
         raise _fail(node, "only the output is supported (no present key/value)")
-    return [TensorType((q.shape[0], q.shape[1], v.shape[2]), q.dtype)]
+    return [TensorType((b, s, v.shape[2]), q.dtype)]
 
 
-# MultiHeadAttention (com.microsoft): softmax(Q K^T * scale (+ causal mask)) V per head, with query, key and
-# value (batch, sequence, hidden) split into num_heads heads; scale defaults to 1 / sqrt(head size);
-# unidirectional=1 masks the keys after each query. Masks and past key/values are not supported here.
+# MultiHeadAttention (com.microsoft): softmax(Q K^T * scale + attention_bias (+ mask_filter_value where the
+# key_padding_mask is 0) (+ causal mask)) V per head, with query, key and value (batch, sequence, hidden) split
+# into num_heads heads, plus their bias; scale defaults to 1 / sqrt(head size); unidirectional=1 masks the keys
+# after each query. Packed query/key/value and past key/values are not supported here.
 _register("MultiHeadAttention", "compute", _infer_mha,
           lambda n, i, o: 2 * i[0].shape[0] * i[0].shape[1] * i[1].shape[1] * (i[0].shape[2] + i[2].shape[2]),
           onnx_domain="com.microsoft", runtime="onnxruntime")
