@@ -75,8 +75,10 @@ def test_check_limits_takes_members_and_families_and_refuses_unknown_ones(capsys
     script = _check_limits()
     args = script.parse(["--members", "reparam,lora_encoder", "--exporters", "dynamo"])
     assert args.member_list == [*REPARAM, "lora_encoder"] and args.exporter_list == ["dynamo"]
+    assert args.measure == 0 and script.parse(["--measure", "8"]).measure == 8
     for bad, message in ((["--members", "nosuch"], "unknown member or family 'nosuch'"),
-                         (["--exporters", "tf"], "unknown exporter 'tf'")):
+                         (["--exporters", "tf"], "unknown exporter 'tf'"),
+                         (["--measure", "-1"], "--measure takes a number of rounds >= 0")):
         with pytest.raises(SystemExit) as exc:
             script.parse(bad)
         assert exc.value.code == 2 and message in capsys.readouterr().err
