@@ -121,3 +121,6 @@ def test_rule_first_descents_find_what_greedys_first_rule_closes_off(paper, engi
     assert without.speedup == pytest.approx(first.speedup, rel=1e-9)
     assert with_.speedup == pytest.approx(2.442, abs=1e-3)
     assert with_.cost == pytest.approx(paper.cost(with_.graph), rel=1e-9)
+    # under a cap of one candidate a state the prior sees only greedy's choice: the fusing rule is still tried
+    capped = guided_search(CostPrior(), g, paper, max_candidates=1, **kw)
+    assert capped.speedup == pytest.approx(2.442, abs=1e-3)

@@ -25,6 +25,7 @@ MatMuls that share an input is worth 0.46% a step and fusing a MatMul and its Ad
 merges, after which no Add can fuse, and stops at 1.140x; fusing every Add first and then descending greedily
 reaches 1.667x. A beam ranked by achieved cost drops the fusing paths, each step a little behind. So for up
 to RESTARTS rules among the input's candidates, in the order of the prior's likeliest candidate of each rule
+(then those a candidate cap hid from the prior, in the engine's order)
 (the rule the incumbent began with left out: its descent is greedy's), the search descends
 greedily applying only that rule, then with every rule, offering each state it passes.
 
@@ -303,6 +304,12 @@ def _rule_first(env: Any, c0: float, prior: Prior, cost_model: CostModel, engine
     for a in torch.argsort(-lp, stable=True).tolist():
         name = rule_name(env.candidates[a])
         if torch.isfinite(lp[a]) and name not in rules and name not in skip:
+            rules.append(name)
+    # then the rules a candidate cap hides from the prior (nasrnn: the cheapest 32 candidates are all merges),
+    # in the engine's order
+    for cand in env.all_candidates:
+        name = rule_name(cand)
+        if name not in rules and name not in skip:
             rules.append(name)
     raw = getattr(engine, "engine", engine)
     by_name = {str(getattr(r, "name", r)): r for r in raw.rules}
