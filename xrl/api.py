@@ -212,7 +212,12 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
     # no second copy of them held while its session runs
     ref = reference_run(original_head, like=loaded.graph, seed=seed, trials=verify_trials, external=original_weights)
-    del original_head, original_weights
+    # kept (a small head) where its weights are the IR's arrays, so the guard can write the original without
+    # reading or building it again (building a model holds its weights several times over); weights the
+    # import changed are copies, and past a tenth of the weights the original is read again instead
+    copied = sum(a.nbytes for k, a in original_weights.items() if a is not loaded.graph.initializers.get(k))
+    if copied > 0.1 * sum(a.nbytes for a in original_weights.values()):
+        original_head = original_weights = None
     # The guard times the pre-passes' result even where the estimate drops it: the estimate proposes, the
     # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
     prepassed = start
@@ -273,12 +278,14 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         g = measure_guard(timer, loaded.graph, [c for c, _ in candidates], **opts)
         guard_report = g.to_json()
         chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
-        if chosen is None:  # the original: the user's model, as loaded (read again, and checked again)
-            original = loaded.take_reference()
-            # its weights the IR's arrays where byte for byte equal: written from them, no copy held
-            exported, weights = split_model(original, like=loaded.graph.initializers)
+        if chosen is None:  # the original: the user's model, as loaded (checked again before it is written)
+            if original_head is not None:
+                exported, weights = original_head, original_weights
+            else:  # read again; its weights the IR's arrays where byte for byte equal: no copy held
+                original = loaded.take_reference()
+                exported, weights = split_model(original, like=loaded.graph.initializers)
+                del original
             written = loaded.graph
-            del original
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
             check = compare_models(ref, exported, external=weights, trials=1)
             if not check.ok:
