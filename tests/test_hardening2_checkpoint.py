@@ -4,6 +4,7 @@ changed weight is refused wherever a checkpoint is loaded (`--policy`, `resume=`
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +108,23 @@ def test_pass_ordering_checkpoints_are_checked_too(tmp_path):
     _tamper(path, _one_weight)
     with pytest.raises(CheckpointError, match="checksum"):
         load_pass_checkpoint(path)
+
+
+def test_policy_names_resolve_to_the_shipped_policies_and_paths_stay_paths(tmp_path):
+    from xrl.rl.checkpoint import default_policy_path, resolve_policy_path, shipped_policy_names
+
+    assert {"default", "expert"} <= set(shipped_policy_names())
+    assert resolve_policy_path(None) == resolve_policy_path("default") == default_policy_path()
+    assert resolve_policy_path("expert").name == "expert.pt" and resolve_policy_path("expert").is_file()
+    assert resolve_policy_path("runs/x/best.pt") == Path("runs/x/best.pt")
+    (tmp_path / "expert").write_bytes(b"")  # a file of that name here is the user's, not the shipped one
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert resolve_policy_path("expert") == Path("expert")
+    finally:
+        os.chdir(cwd)
+    with pytest.raises(CheckpointError, match="not a shipped policy .*expert"):
+        resolve_policy_path("nosuch")

@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p_sub = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
     p_sub.required = True
     ex = p_sub.add_parser("export", help="write a policy checkpoint as an ONNX file that onnxruntime runs")
-    ex.add_argument("checkpoint", metavar="CKPT", help="a policy or training checkpoint (`xrl train`), or 'default'")
+    ex.add_argument("checkpoint", metavar="CKPT",
+                    help="a policy or training checkpoint (`xrl train`), or a shipped policy's name (default, expert)")
     ex.add_argument("-o", "--output", required=True, metavar="FILE.onnx", help="the exported policy")
     ex.add_argument("--check-graph", default="tiny_cnn", metavar="GRAPH",
                     help="built-in graph whose first state the export is checked on (default tiny_cnn)")
@@ -35,10 +36,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"{out} exists; pass --force to replace it")
     ckpt = args.checkpoint
-    if ckpt == "default":
-        from xrl.rl.checkpoint import default_policy_path
+    if not str(ckpt).endswith(".onnx"):  # a shipped policy's name (`default`, `expert`) or a checkpoint path
+        from xrl.rl.checkpoint import resolve_policy_path
 
-        ckpt = default_policy_path()
+        ckpt = resolve_policy_path(ckpt)
     info = export_onnx(ckpt, out, sample_graph=args.check_graph)
     if args.json:
         print_json({"output": str(out), **info})

@@ -187,6 +187,28 @@ def _check_feature_dims(cfg: PolicyConfig, path: str | Path) -> None:
 
 def default_policy_path() -> Path:
     """The policy shipped with xrl (trained on the built-in suite under the analytic cost model)."""
+    return shipped_policy_path("default")
+
+
+def shipped_policy_path(name: str) -> Path:
     from importlib.resources import files
 
-    return Path(str(files("xrl.policies") / "default.pt"))
+    return Path(str(files("xrl.policies") / f"{name}.pt"))
+
+
+def shipped_policy_names() -> list[str]:
+    return sorted(p.stem for p in shipped_policy_path("default").parent.glob("*.pt"))
+
+
+def resolve_policy_path(policy: str | Path | None) -> Path:
+    """`--policy` as a user writes it: None is the shipped default; a bare name that is not a file here
+    (`default`, `expert`) is one of the policies shipped in xrl/policies; anything else is a path."""
+    if policy is None:
+        return default_policy_path()
+    text = str(policy)
+    if Path(text).exists() or "/" in text or "\\" in text or text.endswith((".pt", ".onnx")):
+        return Path(text)
+    if text in shipped_policy_names():
+        return shipped_policy_path(text)
+    raise CheckpointError(f"{text}: no such policy file, and not a shipped policy "
+                          f"(shipped: {', '.join(shipped_policy_names())})")

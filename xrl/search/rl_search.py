@@ -51,7 +51,7 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               trace: list[tuple[float, float]] | None = None, anchor: bool | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
     from xrl.env.graph_rewrite import default_horizon
-    from xrl.rl.checkpoint import default_policy_path, load_policy
+    from xrl.rl.checkpoint import load_policy, resolve_policy_path
     from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
 
     if steps is not None and steps < 1:
@@ -67,7 +67,7 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
-    path = Path(policy) if policy is not None else default_policy_path()
+    path = resolve_policy_path(policy)
     net, ckpt = load_policy(path)
     horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
     with one_torch_thread():
