@@ -50,10 +50,6 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               budget: float | None = None, prior: str = "trained", stop: bool = True,
               trace: list[tuple[float, float]] | None = None, anchor: bool | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
-    from xrl.env.graph_rewrite import default_horizon
-    from xrl.rl.checkpoint import load_policy, resolve_policy_path
-    from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
-
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
     if samples < 0:
@@ -67,8 +63,29 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
-    path = resolve_policy_path(policy)
-    net, ckpt = load_policy(path)
+    t0, incumbent = time.perf_counter(), None
+    given = [t for t in (time_limit, budget) if t is not None]
+    anchored = mode == "guided" and (stop if anchor is None else anchor)
+    if anchored:
+        # greedy first, before torch and the policy load: its time is the run's, and `time_limit` (which the
+        # pipeline's enumeration deadline also counts from the run's start) must not be spent on imports first
+        from xrl.search.greedy import greedy_search
+
+        if engine is None:
+            from xrl.rewrite import RewriteEngine
+            from xrl.rewrite.rules import load_rules
+
+            engine = RewriteEngine(load_rules())
+        # on the plain engine: greedy inside rl measured 20-30% slower than alone on ort-cpu bert when it ran
+        # on the memo, which keeps every candidate it costed alive (each with its skeleton graph)
+        first = greedy_search(graph, cost_model, getattr(engine, "engine", engine),
+                              time_limit=min(given) if given else None)
+        incumbent = (first.graph, first.cost, list(first.steps))
+    from xrl.env.graph_rewrite import default_horizon  # torch and torch_geometric: after greedy (see above)
+    from xrl.rl.checkpoint import load_policy, resolve_policy_path
+    from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
+
+    net, ckpt = load_policy(resolve_policy_path(policy))
     horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
     with one_torch_thread():
         if mode == "guided":
@@ -76,18 +93,10 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
             from xrl.rl.priors import make_prior
 
             engine = guided.memo_engine(engine)
-            t0, incumbent = time.perf_counter(), None
-            if stop if anchor is None else anchor:
-                from xrl.search.greedy import greedy_search
-
-                given = [t for t in (time_limit, budget) if t is not None]
-                # on the plain engine: greedy inside rl measured 20-30% slower than alone on ort-cpu bert when it ran
-                # on the memo, which keeps every candidate it costed alive (each with its skeleton graph)
-                first = greedy_search(graph, cost_model, engine.engine, time_limit=min(given) if given else None)
-                incumbent = (first.graph, first.cost, list(first.steps))
-                # no limit given: the guided part's own budget starts after greedy
+            if anchored:  # no limit given: the guided part's own budget starts after greedy
                 limit = min(given) if given else time.perf_counter() - t0 + GUIDED_BUDGET_S
             else:
+                t0 = time.perf_counter()
                 limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
             return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
                                         horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),
