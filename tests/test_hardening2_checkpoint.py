@@ -126,5 +126,7 @@ def test_policy_names_resolve_to_the_shipped_policies_and_paths_stay_paths(tmp_p
         assert resolve_policy_path("expert") == Path("expert")
     finally:
         os.chdir(cwd)
-    with pytest.raises(CheckpointError, match="not a shipped policy .*expert"):
+    from xrl.rl.policy_files import PolicyNotFound
+
+    with pytest.raises(PolicyNotFound, match="not a shipped policy .*expert"):
         resolve_policy_path("nosuch")

@@ -149,3 +149,16 @@ def test_the_policys_loading_does_not_eat_greedys_share_of_the_time_limit(monkey
     alone = run_search("greedy", graph, cost, seed=0, steps=None, time_limit=2.0, options={})
     rl = run_search("rl", graph, cost, seed=0, steps=None, time_limit=2.0, options={})
     assert alone.steps and rl.cost <= alone.cost * (1 + 1e-9)
+
+
+def test_a_wrong_policy_is_refused_before_greedy_runs(monkeypatch, paper):
+    import xrl.search.greedy as greedy
+    from xrl.rl.policy_files import PolicyNotFound
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("greedy ran before the policy was checked")
+
+    monkeypatch.setattr(greedy, "greedy_search", no_work)
+    for wrong in ("nosuch.pt", "nosuch"):
+        with pytest.raises(PolicyNotFound):
+            rl_search(resolve_graph("mlp"), paper, policy=wrong)

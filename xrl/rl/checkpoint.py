@@ -24,6 +24,12 @@ import torch
 from xrl.atomic import atomic_write
 from xrl.errors import XrlError, XrlWarning
 from xrl.nn.policy import GraphPolicy, PolicyConfig
+from xrl.rl.policy_files import (  # noqa: F401 - part of this module's API
+    default_policy_path,
+    resolve_policy_path,
+    shipped_policy_names,
+    shipped_policy_path,
+)
 
 FORMAT = "xrl-policy/1"
 
@@ -183,32 +189,3 @@ def _check_feature_dims(cfg: PolicyConfig, path: str | Path) -> None:
     if (cfg.node_dim, cfg.edge_dim, cfg.global_dim) != (NODE_DIM, EDGE_DIM, GLOBAL_DIM):
         raise CheckpointError(f"{path} was trained on features of size {(cfg.node_dim, cfg.edge_dim, cfg.global_dim)}"
                               f" but this xrl makes {(NODE_DIM, EDGE_DIM, GLOBAL_DIM)}; retrain the policy")
-
-
-def default_policy_path() -> Path:
-    """The policy shipped with xrl (trained on the built-in suite under the analytic cost model)."""
-    return shipped_policy_path("default")
-
-
-def shipped_policy_path(name: str) -> Path:
-    from importlib.resources import files
-
-    return Path(str(files("xrl.policies") / f"{name}.pt"))
-
-
-def shipped_policy_names() -> list[str]:
-    return sorted(p.stem for p in shipped_policy_path("default").parent.glob("*.pt"))
-
-
-def resolve_policy_path(policy: str | Path | None) -> Path:
-    """`--policy` as a user writes it: None is the shipped default; a bare name that is not a file here
-    (`default`, `expert`) is one of the policies shipped in xrl/policies; anything else is a path."""
-    if policy is None:
-        return default_policy_path()
-    text = str(policy)
-    if Path(text).exists() or "/" in text or "\\" in text or text.endswith((".pt", ".onnx")):
-        return Path(text)
-    if text in shipped_policy_names():
-        return shipped_policy_path(text)
-    raise CheckpointError(f"{text}: no such policy file, and not a shipped policy "
-                          f"(shipped: {', '.join(shipped_policy_names())})")

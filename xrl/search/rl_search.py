@@ -63,6 +63,14 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
+    from xrl.rl.policy_files import resolve_policy_path  # no torch: a wrong --policy is refused before any work
+
+    path = resolve_policy_path(policy)
+    if not path.is_file():
+        from xrl.rl.policy_files import PolicyNotFound
+
+        raise PolicyNotFound(f"{path}: no such policy checkpoint (train one with `xrl train`, or omit --policy to "
+                             "use the shipped one)")
     t0, incumbent = time.perf_counter(), None
     given = [t for t in (time_limit, budget) if t is not None]
     anchored = mode == "guided" and (stop if anchor is None else anchor)
@@ -82,10 +90,10 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
                               time_limit=min(given) if given else None)
         incumbent = (first.graph, first.cost, list(first.steps))
     from xrl.env.graph_rewrite import default_horizon  # torch and torch_geometric: after greedy (see above)
-    from xrl.rl.checkpoint import load_policy, resolve_policy_path
+    from xrl.rl.checkpoint import load_policy
     from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
 
-    net, ckpt = load_policy(resolve_policy_path(policy))
+    net, ckpt = load_policy(path)
     horizon, cap = steps or default_horizon(graph), candidate_cap(ckpt, max_candidates)
     with one_torch_thread():
         if mode == "guided":
