@@ -30,3 +30,19 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def paper():
+    """The research setting's cost: analytic, on the H100 profile."""
+    from xrl.cost import get_cost_model
+
+    return get_cost_model("analytic", device="h100")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped policy's network, in eval mode."""
+    from xrl.rl.checkpoint import default_policy_path, load_policy
+
+    return load_policy(default_policy_path())[0]

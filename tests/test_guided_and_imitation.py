@@ -22,16 +22,6 @@ from xrl.search.greedy import greedy_search
 
 
 @pytest.fixture(scope="module")
-def paper():
-    return get_cost_model("analytic", device="h100")
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_policy(default_policy_path())[0]
-
-
-@pytest.fixture(scope="module")
 def mlp():
     return resolve_graph("mlp")
 

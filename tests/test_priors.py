@@ -8,24 +8,12 @@ import pytest
 import torch
 from cli_helpers import assert_user_error, run
 
-from xrl.cost import get_cost_model
 from xrl.env import GraphRewriteEnv, resolve_graph
 from xrl.errors import ConfigError
-from xrl.rl.checkpoint import default_policy_path, load_policy
 from xrl.rl.guided import guided_search
 from xrl.rl.priors import CostPrior, PolicyPrior, UniformPrior, make_prior, untrained_like
 from xrl.search.greedy import greedy_search
 from xrl.search.rl_search import rl_search
-
-
-@pytest.fixture(scope="module")
-def paper():
-    return get_cost_model("analytic", device="h100")
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_policy(default_policy_path())[0]
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,6 @@ from xrl.search.rl_search import rl_search
 
 
 @pytest.fixture(scope="module")
-def paper():
-    return get_cost_model("analytic", device="h100")
-
-
-@pytest.fixture(scope="module")
 def engine():
     return RewriteEngine.default()
 
