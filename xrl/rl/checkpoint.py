@@ -25,6 +25,7 @@ from xrl.atomic import atomic_write
 from xrl.errors import XrlError, XrlWarning
 from xrl.nn.policy import GraphPolicy, PolicyConfig
 from xrl.rl.policy_files import (  # noqa: F401 - part of this module's API
+    MISSING_HINT,
     default_policy_path,
     resolve_policy_path,
     shipped_policy_names,
@@ -157,7 +158,7 @@ def read_checkpoint(path: str | Path, *, fmt: str, what: str, missing_hint: str,
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return read_checkpoint(path, fmt=FORMAT, what="policy",
-                           missing_hint="train one with `xrl train`, or omit --policy to use the shipped one")
+                           missing_hint=MISSING_HINT)
 
 
 def load_policy(path: str | Path) -> tuple[GraphPolicy, dict[str, Any]]:

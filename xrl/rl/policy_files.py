@@ -12,6 +12,10 @@ class PolicyNotFound(XrlError):
     """`--policy` names no file and no shipped policy."""
 
 
+# what to do about a policy checkpoint that is not there (also the checkpoint loader's message)
+MISSING_HINT = "train one with `xrl train`, or omit --policy to use the shipped one"
+
+
 def default_policy_path() -> Path:
     """The policy shipped with xrl (trained on the built-in suite under the analytic cost model)."""
     return shipped_policy_path("default")
@@ -39,3 +43,11 @@ def resolve_policy_path(policy: str | Path | None) -> Path:
         return shipped_policy_path(text)
     raise PolicyNotFound(f"{text}: no such policy file, and not a shipped policy "
                          f"(shipped: {', '.join(shipped_policy_names())})")
+
+
+def existing_policy_path(policy: str | Path | None) -> Path:
+    """`resolve_policy_path`, and the file must be there: checked before any work, without torch."""
+    path = resolve_policy_path(policy)
+    if not path.is_file():
+        raise PolicyNotFound(f"{path}: no such policy checkpoint ({MISSING_HINT})")
+    return path

@@ -63,14 +63,9 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
-    from xrl.rl.policy_files import resolve_policy_path  # no torch: a wrong --policy is refused before any work
+    from xrl.rl.policy_files import existing_policy_path  # no torch: a wrong --policy is refused before any work
 
-    path = resolve_policy_path(policy)
-    if not path.is_file():
-        from xrl.rl.policy_files import PolicyNotFound
-
-        raise PolicyNotFound(f"{path}: no such policy checkpoint (train one with `xrl train`, or omit --policy to "
-                             "use the shipped one)")
+    path = existing_policy_path(policy)
     t0, incumbent = time.perf_counter(), None
     given = [t for t in (time_limit, budget) if t is not None]
     anchored = mode == "guided" and (stop if anchor is None else anchor)
