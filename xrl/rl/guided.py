@@ -133,9 +133,8 @@ def memo_engine(engine: Any = None) -> MemoEngine:
         return engine
     if engine is None:
         from xrl.rewrite import RewriteEngine
-        from xrl.rewrite.rules import load_rules
 
-        engine = RewriteEngine(load_rules())
+        engine = RewriteEngine.default()
     return MemoEngine(engine)
 
 

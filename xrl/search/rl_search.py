@@ -76,9 +76,8 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
 
         if engine is None:
             from xrl.rewrite import RewriteEngine
-            from xrl.rewrite.rules import load_rules
 
-            engine = RewriteEngine(load_rules())
+            engine = RewriteEngine.default()
         # on the plain engine: greedy inside rl measured 20-30% slower than alone on ort-cpu bert when it ran
         # on the memo, which keeps every candidate it costed alive (each with its skeleton graph)
         first = greedy_search(graph, cost_model, getattr(engine, "engine", engine),
