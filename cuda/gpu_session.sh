@@ -11,7 +11,8 @@
 # experiments/results/ and commit them.
 #
 # Environment: DEVICE (default cuda; cpu for a dry run of this script without a GPU), GRAPHS
-# (default all), PYTHON (default python3).
+# (default all), PYTHON (default python3), STEP_TIMEOUT (seconds one step may run, default 0: no limit;
+# a lease of a few minutes sets it so that one slow step cannot spend the others' time).
 set -uo pipefail
 
 out=${1:?usage: bash cuda/gpu_session.sh OUT_DIR [tests|bench|all]}
@@ -26,11 +27,12 @@ m = re.search(r'[a-z]+[0-9]{2,4}', name)
 print(m.group(0) if m else 'gpu')" 2>/dev/null || echo "$device")
 mkdir -p "$out"
 status=0
-step() {  # step NAME COMMAND...: run it, log it, remember a failure, go on
+step_timeout=${STEP_TIMEOUT:-0}
+step() {  # step NAME COMMAND...: run it (at most STEP_TIMEOUT s), log it, remember a failure, go on
     local name=$1; shift
     echo "== $name: $*"
     local t0=$SECONDS
-    if "$@" >"$out/$name.log" 2>&1; then echo "   ok in $((SECONDS - t0)) s"; else echo "   FAILED (exit $?) in $((SECONDS - t0)) s"; status=1; fi
+    if timeout --kill-after=10 "$step_timeout" "$@" >"$out/$name.log" 2>&1; then echo "   ok in $((SECONDS - t0)) s"; else echo "   FAILED (exit $?) in $((SECONDS - t0)) s"; status=1; fi
     tail -n 4 "$out/$name.log" | sed 's/^/   | /'
 }
 
@@ -53,9 +55,12 @@ if [ "$phase" = bench ] || [ "$phase" = all ]; then
         step cost_cuda "$py" -m xrl cost resnet50 --cost cuda --json
     fi
     # the measured kernel cost of target ort-cuda against end-to-end timing (needs onnxruntime-gpu)
-    if [ "$device" = cuda ]; then
+    if [ "$device" = cuda ] && "$py" -c "import onnxruntime as o, sys
+sys.exit('CUDAExecutionProvider' not in o.get_available_providers())"; then
         step validate_cost "$py" experiments/validate_cost.py --target ort-cuda --graphs headroom,small \
             --out "$out/validate_cost_$tag"
+    elif [ "$device" = cuda ]; then
+        echo "== validate_cost: skipped (this onnxruntime has no CUDAExecutionProvider; onnxruntime-gpu is needed)"
     fi
     step optimize_measured "$py" -m xrl optimize resnet50 --search greedy --cost op --device "$device" \
         --measure torch --json

@@ -89,6 +89,9 @@ CASES = [
     Case("MultiHeadAttention", [(2, 5, 12), (2, 7, 12), (2, 7, 12), _f((36,))], {"num_heads": 3}),
     Case("MultiHeadAttention", [(2, 5, 12), (2, 5, 12), (2, 5, 12)], {"num_heads": 2, "unidirectional": 1,
                                                                        "scale": 0.3}, tag="causal"),
+    Case("MultiHeadAttention", [(2, 5, 12), (2, 7, 12), (2, 7, 12), _f((36,)),
+                                np.array([[1, 1, 1, 1, 0, 0, 1], [1, 1, 1, 1, 1, 1, 0]], np.int32), _f((1, 3, 5, 7))],
+         {"num_heads": 3, "mask_filter_value": -1e4}, tag="masks"),
     Case("BatchNormalization", [(2, 3, 4, 5), _f((3,)), _f((3,)), _f((3,)), _f((3,), positive=True)],
          {"epsilon": 1e-3}),
     Case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
@@ -151,8 +154,8 @@ def _onnx_model(case: Case, names: list[str], arrays: dict[str, np.ndarray], out
     return helper.make_model(g, opset_imports=opsets, ir_version=8)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_op_matches_onnxruntime(case: Case) -> None:
+def _case_graph(case: Case) -> tuple[Graph, list[str], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The case's one-node graph, its input names, activations (fed) and weights."""
     rng = np.random.default_rng(RNG_SEED)
     names, arrays, weights, types = [], {}, {}, {}
     for i, spec in enumerate(case.inputs):
@@ -171,7 +174,13 @@ def test_op_matches_onnxruntime(case: Case) -> None:
     probe = Graph([], list(arrays), [], types, weights)
     for o, t in zip(outs, infer_node(node, probe)):
         types[o] = t
-    graph = Graph([node], list(arrays), outs, types, weights).validate()
+    return Graph([node], list(arrays), outs, types, weights).validate(), names, arrays, weights
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_op_matches_onnxruntime(case: Case) -> None:
+    graph, names, arrays, weights = _case_graph(case)
+    outs, types = graph.outputs, graph.types
     got = execute(graph, arrays)
 
     # ONNX sees weights as graph inputs too (its initializers are the case's extra constants).
@@ -186,6 +195,31 @@ def test_op_matches_onnxruntime(case: Case) -> None:
             np.testing.assert_allclose(g, w.astype(np.float64), rtol=2e-5, atol=2e-5)
         else:
             np.testing.assert_array_equal(g, w)
+
+
+# onnxruntime's contrib ops: the torch executor (`--measure torch`, the `op` and `e2e` costs on a GPU) must
+# run every op a rule can write, or a GPU search stops at the first fused candidate.
+CONTRIB_CASES = [c for c in CASES if OPS[c.op].runtime == "onnxruntime"]
+
+
+@pytest.mark.parametrize("case", CONTRIB_CASES, ids=[c.id for c in CONTRIB_CASES])
+def test_torch_executor_computes_what_the_numpy_reference_computes(case: Case) -> None:
+    from xrl.cost.torch_exec import TorchExecutor
+
+    graph, _, arrays, _ = _case_graph(case)
+    want = execute(graph, arrays)
+    got = TorchExecutor(graph).run(arrays)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_every_registered_op_has_a_torch_lowering() -> None:
+    from xrl.cost import torch_exec
+
+    missing = [op for op in OPS if not hasattr(torch_exec.TorchExecutor, f"_op_{op}")
+               and op not in torch_exec._TORCH_FUNCTIONS]
+    assert not missing, missing
 
 
 def test_every_registered_op_has_a_case() -> None:

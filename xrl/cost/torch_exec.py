@@ -371,6 +371,86 @@ class TorchExecutor:
 
         return fn, positions
 
+    # onnxruntime's contrib ops: the same semantics as their numpy kernels in xrl/ir/execute.py
+    def _op_SimplifiedLayerNormalization(self, node: Node) -> tuple[Callable, list[int]]:
+        import torch
+
+        rank = self._rank(node)
+        dims = tuple(range(node.attr("axis", -1) % rank, rank))
+        eps = float(node.attr("epsilon", 1e-5))
+        stats = len(node.outputs) > 1
+
+        def fn(x, scale):
+            inv = torch.rsqrt(x.float().pow(2).mean(dim=dims, keepdim=True) + eps)
+            y = (x * inv.to(x.dtype)) * scale
+            return (y, inv) if stats else y
+
+        return fn, [0, 1]
+
+    def _op_SkipSimplifiedLayerNormalization(self, node: Node) -> tuple[Callable, list[int]]:
+        import torch
+
+        eps = float(node.attr("epsilon", 1e-12))
+        n_out = len(node.outputs)
+
+        def fn(x, skip, gamma, bias=None):
+            total = x + skip if bias is None else x + skip + bias
+            inv = torch.rsqrt(total.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+            y = (total * inv.to(total.dtype)) * gamma
+            # onnxruntime writes no mean for an RMSNorm: zeros, as the numpy kernel does
+            return y if n_out == 1 else (y, torch.zeros_like(inv), inv, total)[:n_out]
+
+        return fn, self._present(node, 0, 1, 2, 3)
+
+    def _op_RotaryEmbedding(self, node: Node) -> tuple[Callable, list[int]]:
+        import torch
+
+        interleaved = bool(node.attr("interleaved", 0))
+
+        def fn(x, pos, cos, sin):
+            s, d = x.shape[2], x.shape[3]
+            positions = pos.reshape(1, 1) + torch.arange(s, device=x.device) if pos.numel() == 1 else pos
+            c, n = cos[positions][:, None], sin[positions][:, None]  # (batch, 1, sequence, head size / 2)
+            if interleaved:
+                x1, x2 = x[..., 0::2], x[..., 1::2]
+                return torch.stack([x1 * c - x2 * n, x2 * c + x1 * n], dim=-1).reshape(x.shape)
+            x1, x2 = x[..., : d // 2], x[..., d // 2:]
+            return torch.cat([x1 * c - x2 * n, x2 * c + x1 * n], dim=-1)
+
+        return fn, [0, 1, 2, 3]
+
+    def _op_MultiHeadAttention(self, node: Node) -> tuple[Callable, list[int]]:
+        import torch
+        import torch.nn.functional as F
+
+        heads = node.attr("num_heads")
+        scale = float(node.attr("scale", 0.0)) or None  # None: SDPA's 1 / sqrt(head size), as onnxruntime
+        causal = bool(node.attr("unidirectional", 0))
+        fill = float(node.attr("mask_filter_value", -10000.0))
+        positions = self._present(node, 0, 1, 2, 3, 4, 5)
+        optional = [i for i in positions if i >= 3]
+
+        def fn(q, k, v, *rest):
+            given = dict(zip(optional, rest))
+            if 3 in given:
+                hq, hk = q.shape[2], k.shape[2]
+                bias = given[3]
+                q, k, v = q + bias[:hq], k + bias[hq: hq + hk], v + bias[hq + hk:]
+            split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)  # noqa: E731
+            mask = given.get(5)
+            if 4 in given:  # mask_filter_value where the key is padding
+                pad = torch.where(given[4][:, None, None, :] == 0, fill, 0.0).to(q.dtype)
+                mask = pad if mask is None else mask + pad
+            if causal and mask is not None:  # SDPA takes a mask or is_causal, not both
+                s, kv = q.shape[1], k.shape[1]
+                later = torch.ones(s, kv, dtype=torch.bool, device=q.device).triu(1)
+                mask = mask + torch.zeros(s, kv, dtype=q.dtype, device=q.device).masked_fill(later, float("-inf"))
+            out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask,
+                                                 is_causal=causal and mask is None, scale=scale)
+            return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+        return fn, positions
+
     def _op_BatchNormalization(self, node: Node) -> tuple[Callable, list[int]]:
         import torch.nn.functional as F
 
