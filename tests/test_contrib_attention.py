@@ -103,7 +103,8 @@ def test_the_attention_rules_verify_at_20_trials() -> None:
 
     path = Path(__file__).resolve().parents[1] / "rewrite_rules" / "contrib_attention.rules"
     rules = parse_rules(path.read_text(), str(path))
-    assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul", "fuse_mha_packed_split", "fuse_mha_packed_slice"}
+    assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul", "fuse_mha_packed_split", "fuse_mha_packed_slice",
+                                       "fuse_mha_masked_sdpa", "fuse_mha_masked_sdpa_k3"}
     for rule in rules:
         check = verify_rule(rule, seed=3, trials=20)
         assert check.ok and check.trials == 20 and check.max_err <= 1e-9, (rule.name, check.detail)
@@ -149,3 +150,66 @@ def test_xrl_fuses_unmasked_attention_into_multi_head_attention_under_ort_cpu(sc
     np.testing.assert_allclose(_run(result.model, x)[0], _run(model, x)[0], rtol=1e-4, atol=1e-5)
     paper = optimize(model, search="greedy", target="paper", prepass=(), time_limit=30)
     assert "MultiHeadAttention" not in {n.op_type for n in paper.model.graph.node}
+
+
+# ----- masked attention (torch's SDPA export with a mask) into MultiHeadAttention's attention_bias -------------
+def test_a_target_may_leave_an_optional_input_empty_with_none() -> None:
+    from xrl.rewrite.lang import Omitted, RuleSyntaxError, parse_rules
+
+    head = "# a test rule\nrule r family=fusion\n  y = Softmax(Add(s, m), axis=-1)\n  =>\n"
+    (rule,) = parse_rules(head + "  y = MultiHeadAttention(s, s, s, None, None, m, num_heads=1)\n")
+    (mha,) = [st for st in rule.target if st.op == "MultiHeadAttention"]
+    assert [type(a) for a in mha.inputs[3:5]] == [Omitted, Omitted]
+    with pytest.raises(RuleSyntaxError, match="trailing None"):
+        parse_rules(head + "  y = MultiHeadAttention(s, s, s, None)\n")
+    with pytest.raises(RuleSyntaxError, match="must be"):  # a source has no empty inputs to match
+        parse_rules("# a test rule\nrule r family=fusion\n  y = MultiHeadAttention(s, s, s, None, None, m)\n  =>\n"
+                    "  y = Relu(s)\n")
+
+
+@pytest.fixture(scope="module")
+def sdpa_members() -> dict:
+    from xrl.graphs import families as fam
+
+    return {e: fam.build_onnx("attn_sdpa", "small", e) for e in ("ts", "dynamo")}
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_masked_sdpa_fuses_into_multi_head_attention_exactly_even_for_fully_masked_rows(exporter: str,
+                                                                                      sdpa_members: dict) -> None:
+    """Both exports' masked SDPA (a bool padding mask, -inf where masked, NaN rows zeroed) fuse into one
+    MultiHeadAttention per layer with the mask as attention_bias, and onnxruntime computes what the original
+    computes, also for a mask that leaves every key masked (the original's zeroed NaN rows)."""
+    from xrl.rewrite import RewriteEngine
+
+    model = sdpa_members[exporter]
+    g = from_onnx(model)
+    engine = RewriteEngine.default()
+    for _ in range(2):  # one fusion per layer
+        g = next(c for c in engine.candidates(g) if str(c.step).startswith("fuse_mha_masked_sdpa")).graph
+    assert not [c for c in engine.candidates(g) if str(c.step).startswith("fuse_mha_masked")]
+    written = to_onnx(g)
+    ops = Counter(n.op_type for n in written.graph.node)
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
+    rng = np.random.default_rng(0)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    x = rng.standard_normal(shapes["hidden_states"]).astype(np.float32)
+    for mask in (np.array([[1] * 10 + [0] * 6], np.int64), np.zeros(shapes["attention_mask"], np.int64)):
+        feeds = {"hidden_states": x, "attention_mask": mask}
+        want, got = _run(model, feeds)[0], _run(written, feeds)[0]
+        assert np.isfinite(got).all() == np.isfinite(want).all()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_costed_candidate_holds_the_values_of_its_new_shape_weights(sdpa_members: dict) -> None:
+    """The skeleton a cost model reads (never run) computes a rule's small integer weights, here the fused
+    attention's Expand shape: a kernel is timed and cached by them, and zeros would make that Expand
+    unrunnable (onnxruntime: incompatible dimensions) and key it wrongly."""
+    from xrl.rewrite import RewriteEngine
+
+    g = from_onnx(sdpa_members["ts"])
+    cand = next(c for c in RewriteEngine.default().candidates(g) if str(c.step).startswith("fuse_mha_masked"))
+    (expand,) = [n for n in cand.added if n.op == "Expand"]
+    shape = cand.skeleton.initializers[expand.inputs[1]]
+    np.testing.assert_array_equal(shape, cand.graph.initializers[expand.inputs[1]])
+    assert shape.tolist() == [1, 1, 16, 16]

@@ -132,6 +132,7 @@ CASES = [
     Case("ReduceProd", [np.array([[1, -2, 3], [4, 5, -1]], np.int64)], {"axes": (1,)}, {}, [_i64(1)], opset=18,
          tag="int64-axes-input"),
     Case("Not", [np.array([[True, False, True], [False, False, True]])]),
+    Case("IsNaN", [np.array([[1.0, np.nan, -np.inf], [np.nan, 0.0, 2.5]], np.float32)]),
     Case("And", [np.array([[True, False, True], [False, True, True]]), np.array([True, True, False])]),
     Case("Or", [np.array([[True, False, True], [False, False, False]]), np.array([[False], [True]])]),
 ]

@@ -714,7 +714,7 @@ _TORCH_FUNCTIONS: dict[str, tuple[str, int]] = {
     "Less": ("lt", 2), "Greater": ("gt", 2), "Where": ("where", 3), "Relu": ("relu", 1), "Sigmoid": ("sigmoid", 1),
     "Tanh": ("tanh", 1), "Erf": ("erf", 1), "Exp": ("exp", 1), "Log": ("log", 1), "Sqrt": ("sqrt", 1),
     "Reciprocal": ("reciprocal", 1), "Neg": ("neg", 1), "Abs": ("abs", 1), "Softplus": ("softplus", 1),
-    "Not": ("logical_not", 1), "And": ("logical_and", 2), "Or": ("logical_or", 2),
+    "Not": ("logical_not", 1), "And": ("logical_and", 2), "Or": ("logical_or", 2), "IsNaN": ("isnan", 1),
 }
 
 

@@ -560,8 +560,8 @@ def _try_fold(node: NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[
 # Ops whose every output has at most as many elements as all their inputs together.
 _NON_GROWING = frozenset({
     "Identity", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Transpose", "Slice",
-    "Split", "Abs", "Neg", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Sign", "Not", "Relu", "Sigmoid", "Tanh",
-    "Erf", "Reciprocal", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
+    "Split", "Abs", "Neg", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "Relu", "Sigmoid",
+    "Tanh", "Erf", "Reciprocal", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
     "NonZero", "Softmax", "LogSoftmax",
 })
 _BROADCASTING = frozenset({

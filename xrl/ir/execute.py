@@ -168,6 +168,11 @@ def _not(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [np.logical_not(a[0])]
 
 
+@kernel("IsNaN")
+def _isnan(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    return [np.isnan(a[0])]
+
+
 @kernel("Where")
 def _where(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [np.where(a[0], a[1], a[2])]

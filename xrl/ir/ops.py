@@ -136,7 +136,7 @@ ELEMENTWISE_COST = {
     "Abs": 1, "Sigmoid": 4, "Tanh": 4, "Gelu": 8, "Erf": 4, "Exp": 4, "Log": 4, "Sqrt": 2,
     "Reciprocal": 1, "Cast": 0, "Equal": 1, "Less": 1, "Greater": 1, "Where": 1, "Clip": 2,
     "LeakyRelu": 2, "HardSigmoid": 2, "Softplus": 4, "Identity": 0, "Dropout": 0, "Expand": 0,
-    "Not": 1, "And": 1, "Or": 1,
+    "Not": 1, "And": 1, "Or": 1, "IsNaN": 1,
 }
 LOGICAL_OPS = ("Not", "And", "Or")  # bool in, bool out (ONNX defines them on bool only)
 
@@ -151,6 +151,12 @@ def _infer_broadcast(node: Node, ins: list[TensorType], consts: Consts) -> list[
 
 def _infer_unary(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
     return [ins[0]]
+
+
+def _infer_isnan(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
+    if len(ins) != 1 or not ins[0].dtype.startswith(("float", "bfloat")):
+        raise _fail(node, f"IsNaN takes one floating-point tensor, got {', '.join(map(str, ins))}")
+    return [TensorType(ins[0].shape, "bool")]
 
 
 def _infer_logical(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -174,6 +180,8 @@ for _op in ("Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Rec
     _register(_op, "elementwise", _infer_unary, _elementwise_flops)
 for _op in LOGICAL_OPS:
     _register(_op, "elementwise", _infer_logical, _elementwise_flops)
+# IsNaN: the guard torch's SDPA export puts after a masked softmax (a fully masked row is NaN, then zeroed)
+_register("IsNaN", "elementwise", _infer_isnan, _elementwise_flops)
 
 
 def _infer_clip(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:

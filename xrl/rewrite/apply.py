@@ -22,7 +22,7 @@ from xrl.ir.ops import infer_types
 from xrl.rewrite.attrs import emitted
 from xrl.rewrite.candidate import Candidate, Fold, fold_value
 from xrl.rewrite.expr import EvalError
-from xrl.rewrite.lang import Alias, Arg, ConstArg, OpNode, Rule
+from xrl.rewrite.lang import Alias, Arg, ConstArg, Omitted, OpNode, Rule
 from xrl.rewrite.match import GraphIndex, Match
 
 
@@ -196,12 +196,14 @@ class _Builder:
                         raise _Reject
                     continue
                 inputs.append(v)
+            elif isinstance(a, Omitted):
+                inputs.append("")  # ONNX's empty name: an optional input not given
             else:
                 inputs.append(self._const(a))
         attrs: dict[str, Any] = dict(env[st.rest]) if st.rest is not None else {}
         for key, expr in st.attrs:
             attrs[key] = self._eval(expr)
-        in_types = [self._type(v) for v in inputs]
+        in_types = [self._type(v) if v else None for v in inputs]
         fold = bool(inputs) and all(self._is_weight(v) for v in inputs)
         # A folded op never reaches the graph: its attributes need no canonical form.
         attrs = {k: v for k, v in attrs.items() if v is not None} if fold else emitted(st.op, attrs, in_types)

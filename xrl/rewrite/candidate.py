@@ -89,6 +89,11 @@ def fold_value(v: str, folds: Mapping[str, Fold], weights: Mapping[str, np.ndarr
     return got  # type: ignore[return-value]
 
 
+# New integer weights up to this many elements are computed even where a graph is only costed: kernels
+# (Expand, Slice, Pad, Tile) are timed and cached by those values (xrl/cost/kernel_measured.py's _SMALL_CONST).
+SMALL_INT_WEIGHT = 64
+
+
 def placeholder(t: TensorType) -> np.ndarray:
     """A read-only zero-stride array of type t (numpy has no bfloat16: float32 stands in; only its
     shape is ever read)."""
@@ -169,12 +174,21 @@ class Candidate:
             digest(v)
         return out
 
+    def _stand_in(self, w: str, memo: dict[str, np.ndarray]) -> np.ndarray:
+        """New weight w for a graph that is costed but never run: its value where it is a small integer
+        tensor (a shape, axes, pads: what a kernel's timing depends on, and is keyed by), else a placeholder."""
+        t = self.new_types[w]
+        if t.numel <= SMALL_INT_WEIGHT and (t.dtype.startswith(("int", "uint")) or t.dtype == "bool"):
+            return np.asarray(fold_value(w, self.folds, self.parent.initializers, memo)).astype(t.dtype)
+        return placeholder(t)
+
     @cached_property
     def skeleton(self) -> Graph:
         """The rewritten graph's structure, types and weight digests, with new weights as zero-stride
-        placeholders: enough to hash, featurise or cost it without computing the weights. Never run or
-        export it (use `graph`)."""
-        placeholders = {w: placeholder(self.new_types[w]) for w in self.weights}
+        placeholders (small integer ones computed: see `_stand_in`): enough to hash, featurise or cost it
+        without computing the weights. Never run or export it (use `graph`)."""
+        memo: dict[str, np.ndarray] = {}
+        placeholders = {w: self._stand_in(w, memo) for w in self.weights}
         return self.parent.replace(
             remove=[n.name for n in self.removed], add=self.added, rename=self.rename, new_types=self.new_types,
             new_weights=placeholders, new_digests={w: self.digests[w] for w in self.weights})
@@ -187,9 +201,10 @@ class Candidate:
         read = [v for n in self.added for v in n.inputs if v and v not in produced]
         types = {v: self.new_types.get(v) or self.parent.types[v] for v in (*read, *produced)}
         inits = {}
+        memo: dict[str, np.ndarray] = {}
         for v in dict.fromkeys(read):
             if v in self.folds:
-                inits[v] = placeholder(types[v])
+                inits[v] = self._stand_in(v, memo)
             elif v in self.parent.initializers:
                 inits[v] = self.parent.initializers[v]
         inputs = [v for v in dict.fromkeys(read) if v not in inits]

@@ -27,8 +27,9 @@ with `ast`:
 - `where` conditions (several lines are and-ed) see tensor variables as value names, and the
   functions of `xrl.rewrite.expr` (`shape`, `rank`, `dim`, `weight`, `value`, ...).
 - Target lines (after `=>`) build the replacement: op calls whose attributes are expressions,
-  `ints(expr)` / `const(expr, like)` for new constant weights, `**a` to copy bound attributes,
-  and plain aliases `y = x`. A target line that assigns a source value (y1 above) *redefines* it:
+  `ints(expr)` / `const(expr, like)` for new constant weights, `None` for an optional input left
+  empty before a given one (`MultiHeadAttention(q, k, v, None, None, bias)`), `**a` to copy bound
+  attributes, and plain aliases `y = x`. A target line that assigns a source value (y1 above) *redefines* it:
   every use of the old value now reads the new one. Source values the target does not redefine are
   intermediates and must have no other consumer (unless `shared`). A new value nothing reads is an
   error, except one named `_name`: an output an op must have in its place (`y, _mean, _inv, s = ...`).
@@ -87,6 +88,12 @@ class ConstArg:
 
 
 @dataclass(frozen=True)
+class Omitted:
+    """Target only: `None`, an optional input left empty so that a later one can be given (onnxruntime's
+    MultiHeadAttention takes its mask as input 4 or 5, after a bias a fusion may not have)."""
+
+
+@dataclass(frozen=True)
 class AttrPat:
     """A source attribute: binds `var`, or must equal `literal`."""
 
@@ -100,7 +107,7 @@ class OpNode:
     """One op of a pattern. Source attrs are AttrPats; target attrs are (key, expression) pairs."""
 
     op: str
-    inputs: tuple[Arg | ConstArg, ...]
+    inputs: tuple[Arg | ConstArg | Omitted, ...]
     outputs: tuple[str, ...]
     attrs: tuple[Any, ...]
     rest: str | None
@@ -317,7 +324,7 @@ class _Builder:
         if op not in OPS:
             raise self.error(n, f"unknown op {op!r}")
         nodes: list[OpNode | Alias] = []
-        inputs: list[Arg | ConstArg] = []
+        inputs: list[Arg | ConstArg | Omitted] = []
         for a in call.args:
             if isinstance(a, ast.Name):
                 if inputs and isinstance(inputs[-1], Arg) and inputs[-1].optional:
@@ -335,8 +342,10 @@ class _Builder:
                 inputs.append(Arg(tmp))
             elif target and isinstance(a, ast.Call) and isinstance(a.func, ast.Name) and a.func.id in TARGET_CONSTS:
                 inputs.append(self.const_arg(n, a))
+            elif target and isinstance(a, ast.Constant) and a.value is None:
+                inputs.append(Omitted())
             else:
-                allowed = "a variable, an op call or opt(v)" + (", ints(...) or const(...)" if target else "")
+                allowed = "a variable, an op call or opt(v)" + (", ints(...), const(...) or None" if target else "")
                 raise self.error(n, f"{op}: argument {ast.unparse(a)!r} must be {allowed}")
         attrs: list[Any] = []
         rest = None
@@ -359,6 +368,8 @@ class _Builder:
                     raise self.error(n, f"{op}: source attribute {kw.arg}={ast.unparse(kw.value)} must be a "
                                         "variable or a literal") from None
                 attrs.append(AttrPat(kw.arg, None, tuple(literal) if isinstance(literal, list) else literal))
+        if inputs and isinstance(inputs[-1], Omitted):
+            raise self.error(n, f"{op}: None leaves an input empty before a given one; drop a trailing None")
         lo, hi, nout = arity(op)
         if len(inputs) < lo or (hi is not None and len(inputs) > hi):
             want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"at least {lo}"
@@ -522,7 +533,7 @@ def _check_rule(b: _Builder, line: int, family: str, comment: str, source: list[
             for a in st.inputs:
                 if isinstance(a, Arg):
                     need_tensor(a.var, st.line)
-                else:
+                elif isinstance(a, ConstArg):
                     need_names(a.expr.names, st.line, f"{a.kind}(...)")
                     if a.like is not None:
                         need_tensor(a.like, st.line)

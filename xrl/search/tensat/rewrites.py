@@ -54,7 +54,7 @@ from xrl.ir import Node, TensorType
 from xrl.ir.ops import infer_types
 from xrl.rewrite.attrs import COMMUTATIVE, emitted, normalized
 from xrl.rewrite.expr import EvalError, function_table
-from xrl.rewrite.lang import Alias, Arg, ConstArg, OpNode, Rule
+from xrl.rewrite.lang import Alias, Arg, ConstArg, Omitted, OpNode, Rule
 from xrl.rewrite.match import bind_attrs
 from xrl.search.tensat.analysis import Callback, ClassInfo, Context, parse_info
 from xrl.search.tensat.language import Args, Tensor, args, info
@@ -236,6 +236,8 @@ def _egg_rule(v: _Variant, ctx: Context) -> tuple[Any, Any]:
             if isinstance(a, Arg):
                 if v.present.get(a.var, True):
                     ins.append(terms[a.var])
+            elif isinstance(a, Omitted):
+                ins.append(Tensor.none())
             else:
                 ins.append(Tensor.weight(field_(next(slot))))
         term = Tensor.op(st.op, field_(next(slot)), args(*ins))
@@ -358,6 +360,8 @@ class _Planner:
                             raise _Reject
                         continue
                     inputs.append(env[a.var])
+                elif isinstance(a, Omitted):
+                    inputs.append("")  # none(): an omitted optional input
                 else:
                     token, key = self._const(a, env, values, functions, f"%c{next(fresh)}")
                     inputs.append(token)
@@ -365,16 +369,16 @@ class _Planner:
             attrs: dict[str, Any] = dict(env[st.rest]) if st.rest is not None else {}
             for key, expr in st.attrs:
                 attrs[key] = _run(expr, env, functions)
-            in_types = [values.types[t] for t in inputs]
+            in_types = [values.types[t] if t else None for t in inputs]
             attrs = emitted(st.op, attrs, in_types)
             probe = Node("probe", st.op, tuple(inputs), tuple(st.outputs), attrs)
             try:
-                out_types = infer_types(probe, in_types, [values.weight_value(t) for t in inputs])
+                out_types = infer_types(probe, in_types, [values.weight_value(t) if t else None for t in inputs])
             except (XrlError, EvalError):
                 raise _Reject from None
             fields.append(ctx.attrs.key(len(st.outputs), attrs))
             fold = None
-            if inputs and all(values.is_weight(t) for t in inputs):
+            if inputs and all(t and values.is_weight(t) for t in inputs):
                 fold = ctx.consts.add_fold(probe, [values.consts[t] for t in inputs])
             for k, (out, t) in enumerate(zip(st.outputs, out_types)):
                 token = f"%n{next(fresh)}"
