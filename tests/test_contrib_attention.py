@@ -104,7 +104,8 @@ def test_the_attention_rules_verify_at_20_trials() -> None:
     path = Path(__file__).resolve().parents[1] / "rewrite_rules" / "contrib_attention.rules"
     rules = parse_rules(path.read_text(), str(path))
     assert {r.name for r in rules} == {"fuse_mha_Div", "fuse_mha_Mul", "fuse_mha_packed_split", "fuse_mha_packed_slice",
-                                       "fuse_mha_masked_sdpa", "fuse_mha_masked_sdpa_k3"}
+                                       "fuse_mha_masked_sdpa", "fuse_mha_masked_sdpa_k3", "fuse_mha_seq_first",
+                                       "fuse_mha_seq_first_k3"}
     for rule in rules:
         check = verify_rule(rule, seed=3, trials=20)
         assert check.ok and check.trials == 20 and check.max_err <= 1e-9, (rule.name, check.detail)
@@ -213,3 +214,34 @@ def test_a_costed_candidate_holds_the_values_of_its_new_shape_weights(sdpa_membe
     shape = cand.skeleton.initializers[expand.inputs[1]]
     np.testing.assert_array_equal(shape, cand.graph.initializers[expand.inputs[1]])
     assert shape.tolist() == [1, 1, 16, 16]
+
+
+@pytest.mark.parametrize("member", ["attn_mha", "attn_mha_causal"])
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_nn_multihead_attention_fuses_with_its_mask_into_multi_head_attention(member: str, exporter: str) -> None:
+    """nn.MultiheadAttention's sequence-first export (a key padding mask's bias, or a causal constant) fuses
+    into one MultiHeadAttention per layer, and onnxruntime computes what the original computes, also where the
+    mask leaves a row no key (NaN in both)."""
+    from xrl.graphs import families as fam
+    from xrl.rewrite import RewriteEngine
+
+    model = fam.build_onnx(member, "small", exporter)
+    g = from_onnx(model)
+    engine = RewriteEngine.default()
+    for _ in range(2):  # one fusion per layer
+        g = next(c for c in engine.candidates(g) if str(c.step).startswith("fuse_mha_seq_first")).graph
+    written = to_onnx(g)
+    ops = Counter(n.op_type for n in written.graph.node)
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    feeds = {"hidden_states": np.random.default_rng(1).standard_normal(shapes["hidden_states"]).astype(np.float32)}
+    masks = [None]
+    if "attention_mask" in shapes:
+        masks = [np.array([[1] * 12 + [0] * (shapes["attention_mask"][1] - 12)], np.int64),
+                 np.zeros(shapes["attention_mask"], np.int64)]
+    for mask in masks:
+        if mask is not None:
+            feeds["attention_mask"] = mask
+        want, got = _run(model, feeds)[0], _run(written, feeds)[0]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
