@@ -172,3 +172,11 @@ def test_device_cuda_without_a_gpu_is_a_user_error(capsys):
         pytest.skip("this machine has an NVIDIA GPU")
     code, _, err = run(capsys, "cost", "mlp", "--device", "cuda")
     assert_user_error(code, err, "no NVIDIA GPU")
+
+
+def test_graphs_list_redraws_its_progress_only_on_a_terminal(capsys):
+    """Piped or logged, stderr gets no carriage-return counter ("1 graphs built2 graphs built..."): only the table."""
+    assert main(["graphs", "list", "--suite", "small"]) == 0
+    out, err = capsys.readouterr()
+    assert "graphs built" not in err and "\r" not in err
+    assert "tiny_cnn" in out and "mlp" in out

@@ -154,12 +154,13 @@ def cmd_graphs_list(args: argparse.Namespace) -> int:
         graph = from_onnx(graphs.build(name), name=name)
         rows.append({"name": name, "suite": spec.suite, "family": spec.family, "ops": len(graph),
                      "parameters": graph.num_parameters, "flops": graph_flops(graph), "description": spec.description})
-        if not args.json:
+        if not args.json and sys.stderr.isatty():  # a count redrawn in place: only a terminal reads that
             print(f"\r{len(rows)} graphs built", end="", file=sys.stderr, flush=True)
     if args.json:
         print_json(rows)
         return 0
-    print("\r", end="", file=sys.stderr)
+    if sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
     print(format_table(["name", "suite", "ops", "params", "FLOPs", "description"],
                        [[r["name"], r["suite"], r["ops"], human_count(r["parameters"]), human_count(r["flops"]),
                          r["description"]] for r in rows]))

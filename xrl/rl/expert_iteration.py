@@ -38,8 +38,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,40 +140,20 @@ def search_with(policy: Any, graph: Graph, cost: CostModel, cfg: ExpertIteration
     from xrl.rl.evaluate import one_torch_thread
     from xrl.rl.guided import guided_search
 
-    with one_torch_thread(), search_clock(cfg.clock):
+    with one_torch_thread():
         return guided_search(prior or PolicyPrior(policy), graph, cost, engine=engine, horizon=default_horizon(graph),
-                             max_candidates=cfg.max_candidates, time_limit=cfg.search_budget)
+                             max_candidates=cfg.max_candidates, time_limit=cfg.search_budget,
+                             timer=search_timer(cfg.clock))
 
 
 Lowest = dict[tuple[str, ...], tuple[float, tuple[str, ...]]]  # path -> (cheapest cost at or below, its path)
 
 
-class _CpuTime:
-    """The time module with perf_counter reading this process's CPU time."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-    perf_counter = staticmethod(time.process_time)
-
-
-@contextmanager
-def search_clock(clock: str) -> Iterator[None]:
-    """With clock "cpu", the guided search's budget counts this process's CPU seconds, not wall seconds: on a
-    machine shared with other jobs (training at low priority), the expert's effort per search is then the
-    same whatever the load. (xrl.rl.guided reads its clock as time.perf_counter; this swaps the module it
-    reads it from for the duration.)"""
-    if clock != "cpu":
-        yield
-        return
-    from xrl.rl import guided
-
-    real = guided.time
-    guided.time = _CpuTime()
-    try:
-        yield
-    finally:
-        guided.time = real
+def search_timer(clock: str) -> Callable[[], float]:
+    """The guided search's budget clock: with "cpu", this process's CPU seconds, not wall seconds, so that on
+    a machine shared with other jobs (training at low priority) the expert's effort per search is the same
+    whatever the load."""
+    return time.process_time if clock == "cpu" else time.perf_counter
 
 
 def best_found(visited: Sequence[Visited], best_path: Sequence[str], best_cost: float) -> Lowest:
@@ -339,4 +318,4 @@ def best_returns(returns: Sequence[float]) -> list[float]:
 
 
 __all__ = ["Expert", "ExpertIterationConfig", "RecordingPrior", "Visited", "best_found", "best_returns",
-           "expert_iteration", "fresh_policy", "path_returns", "search_clock", "search_with", "tree_demo"]
+           "expert_iteration", "fresh_policy", "path_returns", "search_timer", "search_with", "tree_demo"]

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,11 +155,12 @@ class _Clock:
     t0: float
     deadline: float
     earn: float | None  # None: run to the deadline
-    last_find: float = 0.0  # perf_counter() of the last new best
+    last_find: float = 0.0  # now() of the last new best
     factor: float | None = None  # what the last find earns: `earn`, or ANCHOR_EARN for an incumbent
+    now: Callable[[], float] = time.perf_counter  # the budget's clock (expert iteration: CPU seconds)
 
     def over(self) -> bool:
-        now = time.perf_counter()
+        now = self.now()
         if now >= self.deadline:
             return True
         if self.earn is None:
@@ -183,7 +185,7 @@ class _Best:
             self.found()
 
     def found(self, at: float | None = None) -> None:
-        self.clock.last_find = now = time.perf_counter() if at is None else at
+        self.clock.last_find = now = self.clock.now() if at is None else at
         self.clock.factor = None
         self.trace.append((now - self.clock.t0, self.cost))
 
@@ -203,7 +205,7 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
                   max_candidates: int | None = None, stop: bool = False,
                   trace: list[tuple[float, float]] | None = None,
                   incumbent: tuple[Graph, float, list[str]] | None = None, t0: float | None = None,
-                  restarts: int = RESTARTS) -> PolicyRun:
+                  restarts: int = RESTARTS, timer: Callable[[], float] = time.perf_counter) -> PolicyRun:
     """The cheapest graph the prior's argmax rollout or the prior-guided beam reached within `time_limit`
     seconds of `t0` (default: now) (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior).
     With `stop`, the search also ends where it stops paying (the module's doc). `incumbent` (graph, cost,
@@ -211,13 +213,16 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     earned time counts from the incumbent's find, now. `restarts`: the rule-first descents to try after an
     incumbent (0: none).
     `trace`, if given, receives (seconds, best cost) at the
-    start and at every new best: the anytime curve."""
+    start and at every new best: the anytime curve. `timer` is the budget's clock (`t0` is read on it):
+    wall time by default; expert iteration passes `time.process_time` so that the expert's effort per
+    search does not shrink when other jobs share the machine."""
     if width < 1 or expand < 1:
         raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
     prior = as_prior(prior)
-    called = time.perf_counter()  # an incumbent was found by now: setting up below spends the earned time
+    called = timer()  # an incumbent was found by now: setting up below spends the earned time
     t0 = called if t0 is None else t0
-    clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0)
+    clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0,
+                   now=timer)
     # one engine (its rules parsed and verified once) for the argmax rollout and the beam, remembering states
     engine = memo_engine(engine)
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
@@ -240,11 +245,11 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     if prior.rolls_out:
         # After an incumbent the rollout is on the stop rule's clock too; alone it runs to the budget, as the
         # passes earn their time from its end
-        roll_clock = clock if incumbent is not None else _Clock(t0, clock.deadline, None, t0)
+        roll_clock = clock if incumbent is not None else _Clock(t0, clock.deadline, None, t0, now=timer)
         first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, roll_clock, best)
         env_steps, rollout_speedups = first.env_steps, [first.speedup]
         if incumbent is None:
-            clock.last_find = time.perf_counter()  # the rollout's end: the passes earn time from here
+            clock.last_find = timer()  # the rollout's end: the passes earn time from here
     states, last, passes = 0, 0, []
     # Widening: one beam pass, then passes twice as wide and deep in the prior, while the budget lasts.
     # A pass that explored no more states than the last one has seen the whole space reachable under
@@ -266,7 +271,7 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
         width, expand = width * 2, min(expand * 2, MAX_EXPAND)
     if trace is not None:
         trace.extend(best.trace)
-    return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, time.perf_counter() - t0,
+    return PolicyRun(best.graph, best.cost, c0, best.steps, 1 + states, env_steps, timer() - t0,
                      best.uphill, [*rollout_speedups, c0 / best.cost])
 
 
@@ -276,7 +281,7 @@ def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: A
     lowest index on ties), or the clock says stop (its budget, or with the stop rule its earned time). Each
     cheaper state is offered to `best` as it is reached (the anytime curve counts it then, not when the
     rollout ends); steps are `rule@location`, as the beam's, so a searched path can be replayed."""
-    t0 = time.perf_counter()
+    t0 = clock.now()
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
     costs, done = [env.cost], False
@@ -287,7 +292,7 @@ def _argmax_rollout(prior: Prior, graph: Graph, cost_model: CostModel, engine: A
         costs.append(env.cost)
         best.offer(env.cost, env.graph, list(env.actions), costs)
     return PolicyRun(env.graph, min(costs), env.cost0, list(env.actions), 1, len(costs) - 1,
-                     time.perf_counter() - t0, uphill_paid_off(costs))
+                     clock.now() - t0, uphill_paid_off(costs))
 
 
 def _rule_first(env: Any, c0: float, prior: Prior, cost_model: CostModel, engine: Any, best: _Best, clock: _Clock,
