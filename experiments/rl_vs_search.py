@@ -22,9 +22,23 @@ greedy on every graph with headroom; on held-out graphs it is at least greedy.
         --baselines experiments/results/headroom_ort_cpu/results.csv --seeds 0,1,2 \
         --out experiments/results/rl_vs_search
 
+With `--arms`, each variant's trained seeds also go through the prior arms of experiments/rl_ablation.py
+at equal budget (experiments/prior_arms.py, the same code): the guided search (stop rule and greedy anchor
+off) under the trained policy (one arm per seed: trained-0, trained-1, ... in --seeds order), the same
+network untrained (--untrained-seeds), a uniform prior and the cost prior (softmax over each candidate's
+one-step estimated gain); the trained policy's argmax rollout alone; and the searches (--arms-searches), all
+at each of --arms-budgets (default: TASO's limit, the guided rows' budget), with the learning gain = trained /
+best non-learned prior, same search, same budget, per split. Estimates of the target, recomputed (these
+arms are not verified under onnxruntime; the rows above are).
+
+    XRL_NO_CALIBRATION=1 .venv/bin/python experiments/rl_vs_search.py \
+        --baselines experiments/results/headroom_ort_cpu/results.csv --seeds 0,1,2 --variants shipped \
+        --arms --out experiments/results/rl_vs_search
+
 Runs are resumable: a seed whose best.pt exists is not retrained, an evaluated (variant, seed, graph,
-mode) is not re-run. Writes rl_runs.csv and rl_vs_search.md to --out and prints the table;
-`--report-only` rewrites the table from rl_runs.csv without running anything.
+mode) is not re-run, nor the arms of a (variant, graph) in arms_runs.csv. Writes rl_runs.csv (and
+arms_runs.csv) and rl_vs_search.md to --out and prints the tables; `--report-only` rewrites them from the
+CSV files without running anything.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from xrl.cli.rl_commands import CONF_DIR
 from xrl.stats import geomean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prior_arms  # noqa: E402 - the ablation's arms (experiments/rl_ablation.py's code)
 from headroom import TIME_LIMITS  # noqa: E402 - the searches' limits: RL gets TASO's
 from train_default_policy import OVERRIDES as SHIPPED_RECIPE  # noqa: E402
 
@@ -67,6 +82,7 @@ VARIANTS = {"hints": [*TRAIN, "model.use_hints=true"], "graphs-only": [*TRAIN, "
             "finetune": FINETUNE, "shipped": SHIPPED}
 SEARCHES = ("greedy", "beam", "taso", "tensat", "exhaustive")
 FIELDS = ["variant", "seed", "graph", "split", "mode", "status", "speedup", "time_s", "rewrites", "verified"]
+ARM_FIELDS = ["variant", "seeds", *prior_arms.FIELDS]  # seeds: of trained-0, trained-1, ... in order
 
 
 def split_of() -> dict[str, str]:
@@ -113,6 +129,57 @@ def evaluate(policy: Path, graph: str, mode: str, time_limit: float, target: str
     config = CompareConfig(graphs=(graph,), methods=("rl",), target=target, method_time_limits={"rl": time_limit},
                            method_options={"rl": {"policy": str(policy), "mode": mode}})
     return run_one(loaded, "rl", cost, cost.cost(loaded.graph), config)
+
+
+def run_arms(variant: str, seeds: Sequence[int], policies: Sequence[Path], graphs: Sequence[str],
+             split: dict[str, str], args: argparse.Namespace, budgets: list[float], path: Path) -> None:
+    """The ablation's arms (experiments/prior_arms.py) for one variant's trained seeds, per graph not yet in
+    `path` for this variant; appended to `path` graph by graph (resumable)."""
+    from xrl.cost import get_cost_model
+    from xrl.rewrite import RewriteEngine
+    from xrl.rewrite.rules import load_rules
+
+    done = {r["graph"] for r in read_rows(path) if r["variant"] == variant}
+    todo = [g for g in graphs if g not in done]
+    if not todo:
+        return
+    cost = get_cost_model("target", device="auto", target=args.target)  # evaluate()'s cost model
+    engine = RewriteEngine(load_rules())  # parsed and verified once, outside every arm's budget
+    arm_args = argparse.Namespace(policy=",".join(str(p) for p in policies), shipped=False,
+                                  untrained_seeds=args.untrained_seeds, searches=args.arms_searches)
+    for g in todo:
+        t0 = time.perf_counter()
+        rows = prior_arms.run_graph(g, split.get(g, "held-out"), arm_args, cost, engine, budgets)
+        rows = [{"variant": variant, "seeds": ",".join(map(str, seeds)), **r} for r in rows]
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=ARM_FIELDS)
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        print(f"arms {variant} {g} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
+def arms_report(arm_rows: list[dict[str, str]], variants: Sequence[str], budgets: Sequence[float] | None) -> str:
+    """Per variant, experiments/rl_ablation.py's tables of its arms: per budget and graph, geomeans per split,
+    and the learning gain (trained / best non-learned prior, same guided search and budget)."""
+    parts = []
+    for v in variants:
+        rows = [r for r in arm_rows if r["variant"] == v
+                and (budgets is None or float(r["budget"]) in budgets)]
+        if not rows:
+            continue
+        seeds = list(dict.fromkeys(r["seeds"] for r in rows))
+        names = "; ".join(", ".join(f"trained-{i} = seed {x}" for i, x in enumerate(s.split(","))) if "," in s
+                          else f"trained = seed {s}" for s in seeds)
+        header = (f"## Prior arms at equal budget, variant `{v}`\n\n"
+                  "experiments/rl_ablation.py's arms (experiments/prior_arms.py): the guided search run to its "
+                  "budget (stop rule and greedy anchor off) under the trained policy, the same network untrained, "
+                  "a uniform prior and the cost prior; argmax: the trained policy's argmax rollout alone; the "
+                  "searches with that time limit. Speed-ups are the target's estimates, recomputed"
+                  + f" ({names}).")
+        parts.append(prior_arms.summarise(rows, header))
+    return "\n\n".join(parts)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -195,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="experiments/results/rl_vs_search")
     p.add_argument("--report-only", action="store_true", help="rewrite the table from rl_runs.csv, run nothing")
     p.add_argument("--train-only", action="store_true", help="train the seeds, evaluate nothing (evaluate later)")
+    p.add_argument("--arms", action="store_true",
+                   help="also run experiments/rl_ablation.py's arms per variant (its seeds as trained priors; the "
+                        "untrained network, uniform and cost priors, argmax, the searches) and the learning gain")
+    p.add_argument("--arms-budgets", help="--arms: seconds, comma list (default: TASO's limit, the guided rows')")
+    p.add_argument("--arms-searches", default=",".join(prior_arms.SEARCHES),
+                   help="--arms: the searches run beside the guided arms")
+    p.add_argument("--untrained-seeds", type=lambda s: [int(x) for x in s.split(",") if x],
+                   help="--arms: seeds of the untrained network (default: --seeds)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,13 +280,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rl_vs_search: variants come from {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     limit = TIME_LIMITS[args.target]["taso"]
-    runs_csv = out / "rl_runs.csv"
+    if args.untrained_seeds is None:
+        args.untrained_seeds = [int(s) for s in args.seeds.split(",") if s]
+    arm_budgets = [float(b) for b in args.arms_budgets.split(",")] if args.arms_budgets else [limit]
+    runs_csv, arms_csv = out / "rl_runs.csv", out / "arms_runs.csv"
     rows = read_rows(runs_csv)
     done = {(r["variant"], r["seed"], r["graph"], r["mode"]) for r in rows}
     t0 = time.perf_counter()
     for variant in [] if args.report_only else variants:
-        for seed in [int(s) for s in args.seeds.split(",")]:
+        policies, seed_list = [], [int(s) for s in args.seeds.split(",")]
+        for seed in seed_list:
             policy = train_seed(variant, seed, args.updates, out / variant / f"seed_{seed}")
+            policies.append(policy)
             for g in [] if args.train_only else graphs:
                 for mode in args.modes.split(","):
                     if (variant, str(seed), g, mode) in done:
@@ -229,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                         w.writerow(row)
                     print(f"[{time.perf_counter() - t0:6.0f} s] {variant} seed {seed} {g} {mode}: {rec.status} "
                           f"{rec.speedup:.3f}x in {rec.time_s:.1f} s {rec.error}", file=sys.stderr, flush=True)
+        if args.arms and not args.train_only:
+            run_arms(variant, seed_list, policies, graphs, split, args, arm_budgets, arms_csv)
     seeds = {v: ", ".join(map(str, sorted({int(r["seed"]) for r in rows if r["variant"] == v}))) for v in variants}
     recipes = {v: " ".join(recipe(v, 0, args.updates)).replace("seed=0", "seed=S") for v in variants}
     header = (f"Target `{args.target}` (generic cpu profile: XRL_NO_CALIBRATION=1). `--search rl` guided within "
@@ -240,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
               f".venv/bin/python experiments/rl_vs_search.py --baselines {args.baselines} --seeds S --variants V"
               + (f" --updates {args.updates}" if args.updates is not None else "") + f" --out {args.out}`.")
     text = summarise(rows, read_rows(Path(args.baselines)), split, variants, header)
+    arms = arms_report(read_rows(arms_csv), variants, arm_budgets if args.arms_budgets else None)
+    if arms:
+        text += "\n\n" + arms
     (out / "rl_vs_search.md").write_text(text + "\n")
     print(text)
     return 0

@@ -2,7 +2,9 @@
 
 Import pins the input shapes, folds every weight-only computation (onnx_fold), then maps each node
 to the IR's canonical form: axes/split as attributes, Cast.to as a dtype name, shape-like inputs as
-weights. Ops the IR does not know stay opaque, with their domain, attributes and inferred types.
+weights. Ops the IR does not know stay opaque, with their domain, attributes and inferred types; so
+does an onnxruntime contrib op the IR knows in a form it does not (packed or past key/values, partial
+rotary, ...): its types are the file's, and the rules never touch it.
 Export is the inverse for a chosen opset (17 unless the graph needs newer): canonical attributes go
 back to inputs where the opset wants them, and fused activations become their own nodes. Opaque
 nodes of other domains (com.microsoft, ...) export under the domain versions the source model
@@ -50,6 +52,10 @@ _INPUT_SINCE = {"Split": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13,
 # Shape-like inputs the IR reads as constants (xrl.ir.ops): they must be weights.
 _CONST_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Expand": (1,)}
 _FUSED_OPS = ("Conv", "MatMul", "Gemm")
+# The IR domain of a default-domain contrib op the IR knows (SimplifiedLayerNormalization) kept opaque
+# because the IR does not support its form: not known to the IR (so no rule or kernel takes it), written
+# back in the default domain. (A contrib op of its own domain, com.microsoft, keeps that domain.)
+OPAQUE_DEFAULT_DOMAIN = "ai.onnx.opaque"
 # Models whose weights pass this are written with external data: protobuf cannot serialise 2 GiB.
 EXTERNAL_DATA_THRESHOLD = int(1.8e9)
 
@@ -162,8 +168,8 @@ def _to_graph(work: OnnxWork, types: Mapping[str, TypeProto], name: str, label: 
         where = f"output of node {node_name!r} ({onnx_node.op_type})"
         inferred = _ir_types(onnx_node, node_name, work.consts, tensor_types, types, label)
         for v in onnx_node.output:
-            tensor_types[v] = inferred.get(v) or _tensor_type(v, types.get(v), label, where)
-        nodes.append(_import_node(onnx_node, node_name, work.consts, tensor_types, label))
+            tensor_types[v] = (inferred or {}).get(v) or _tensor_type(v, types.get(v), label, where)
+        nodes.append(_import_node(onnx_node, node_name, work.consts, tensor_types, label, opaque=inferred is None))
     outputs = [v.name for v in work.outputs]
     used = {v for n in nodes for v in n.inputs} | set(outputs)
     # axes/split moved into attributes; a weight equal to one an earlier import holds is that array
@@ -175,21 +181,43 @@ def _to_graph(work: OnnxWork, types: Mapping[str, TypeProto], name: str, label: 
 
 
 def _ir_types(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], known: Mapping[str, TensorType],
-              types: Mapping[str, TypeProto], label: str) -> dict[str, TensorType]:
+              types: Mapping[str, TypeProto], label: str) -> dict[str, TensorType] | None:
     """The IR's output types of a node ONNX shape inference left without static ones, where the IR knows
     the op and its inputs' types: onnx's inference knows no onnxruntime contrib op (SimplifiedLayerNormalization,
     which onnxruntime's transformers optimizer writes untyped) and so none of the ops after one. {} when
-    every output is typed or the IR cannot say (the caller then reports the untyped value)."""
-    if n.op_type not in OPS or not ir_op(n.op_type, n.domain) \
-            or all(static_shape(types.get(v)) is not None for v in n.output) \
-            or any(v and v not in known for v in n.input):
+    every output is typed or the IR cannot say (the caller then reports the untyped value).
+
+    None for a contrib op the IR knows in a form it does not support (its inference fails, or gives types
+    other than the file's): the caller keeps that node opaque, typed by the file. A standard op's failure
+    is left to the graph's validation: a malformed standard node is an error."""
+    if n.op_type not in OPS or not ir_op(n.op_type, n.domain):
+        return {}
+    contrib = _contrib(n.op_type)
+    typed = all(static_shape(types.get(v)) is not None for v in n.output)
+    if (typed and not contrib) or any(v and v not in known for v in n.input):
         return {}
     try:
         node = _import_node(n, name, consts, known, label)
         outs = infer_types(node, [known[v] if v else None for v in node.inputs], [consts.get(v) for v in node.inputs])
     except (KeyError, XrlError):
-        return {}
-    return dict(zip(node.outputs, outs))
+        return None if contrib else {}
+    if contrib and any(v and _declared(types.get(v)) not in (None, t) for v, t in zip(node.outputs, outs)):
+        return None  # onnxruntime's types for this form are not the IR's
+    return {} if typed else dict(zip(node.outputs, outs))
+
+
+def _contrib(op: str) -> bool:
+    """Whether IR op `op` is an onnxruntime contrib op (of com.microsoft, or of the default domain)."""
+    spec = OPS[op]
+    return bool(spec.onnx_domain or spec.runtime)
+
+
+def _declared(tp: TypeProto | None) -> TensorType | None:
+    """The static tensor type a file declares for a value, None where it declares none xrl can read."""
+    shape = static_shape(tp)
+    if shape is None or tp.WhichOneof("value") != "tensor_type" or tp.tensor_type.elem_type not in ONNX_TO_DTYPE:
+        return None
+    return TensorType(tuple(shape), ONNX_TO_DTYPE[tp.tensor_type.elem_type])
 
 
 # Weights of this size and up are shared between imports (smaller ones cost less than the lookup).
@@ -289,9 +317,15 @@ def _unique_names(nodes: Sequence[NodeProto]) -> list[str]:
 
 
 def _import_node(n: NodeProto, name: str, consts: Mapping[str, np.ndarray], types: Mapping[str, TensorType],
-                 label: str) -> Node:
+                 label: str, opaque: bool = False) -> Node:
+    """`n` as an IR node; `opaque`: a contrib op of the IR in a form it does not support, kept as it is."""
     op = n.op_type
-    domain = "" if n.domain in DEFAULT_DOMAINS or ir_op(op, n.domain) else n.domain
+    if n.domain == OPAQUE_DEFAULT_DOMAIN:
+        raise ModelLoadError(f"{label}: node {name!r} ({op}) has domain {n.domain!r}, which xrl reserves")
+    if opaque:
+        domain = OPAQUE_DEFAULT_DOMAIN if n.domain in DEFAULT_DOMAINS else n.domain
+    else:
+        domain = "" if n.domain in DEFAULT_DOMAINS or ir_op(op, n.domain) else n.domain
     if domain == "" and not ir_op(op, n.domain) and op in OPS:
         domain = "ai.onnx"  # a standard op named as a contrib op of another domain (RotaryEmbedding): opaque
     attrs = {a.name: _attr_value(a, f"{name!r} ({op})", label) for a in n.attribute}
@@ -592,7 +626,7 @@ class _Exporter:
         attrs = dict(n.attrs)
         if n.domain != "" or onnx_domain(n.op):  # ("ai.onnx": a standard op kept opaque, written as imported)
             self.emit(n.op, inputs, outputs, attrs, n.name, onnx_domain(n.op) if n.domain == "" else
-                      "" if n.domain == "ai.onnx" else n.domain)
+                      "" if n.domain in ("ai.onnx", OPAQUE_DEFAULT_DOMAIN) else n.domain)
             return
         act = attrs.pop("activation", None) if n.op in _FUSED_OPS else None
         if n.op == "Cast":
