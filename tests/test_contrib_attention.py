@@ -223,6 +223,7 @@ def test_nn_multihead_attention_fuses_with_its_mask_into_multi_head_attention(me
     into one MultiHeadAttention per layer, and onnxruntime computes what the original computes, also where the
     mask leaves a row no key (NaN in both)."""
     from xrl.graphs import families as fam
+
     from xrl.rewrite import RewriteEngine
 
     model = fam.build_onnx(member, "small", exporter)
