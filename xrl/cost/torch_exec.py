@@ -451,6 +451,25 @@ class TorchExecutor:
 
         return fn, positions
 
+    def _op_GroupQueryAttention(self, node: Node) -> tuple[Callable, list[int]]:
+        import torch.nn.functional as F
+
+        heads, kv_heads = node.attr("num_heads"), node.attr("kv_num_heads")
+        scale = float(node.attr("scale", 0.0)) or None  # None: SDPA's 1 / sqrt(head size), as onnxruntime
+        n_out = len(node.outputs)
+
+        def fn(q, k, v):
+            b, s = q.shape[0], q.shape[1]
+            split = lambda t, n: t.reshape(b, s, n, -1).transpose(1, 2)  # noqa: E731
+            kh, vh = split(k, kv_heads), split(v, kv_heads)
+            group = heads // kv_heads  # query head h reads key/value head h // group
+            out = F.scaled_dot_product_attention(split(q, heads), kh.repeat_interleave(group, dim=1),
+                                                 vh.repeat_interleave(group, dim=1), is_causal=True, scale=scale)
+            out = out.transpose(1, 2).reshape(b, s, -1)
+            return out if n_out == 1 else (out, kh, vh)
+
+        return fn, [0, 1, 2]  # no past; seqlens_k and total_sequence_length only restate the sequence
+
     def _op_BatchNormalization(self, node: Node) -> tuple[Callable, list[int]]:
         import torch.nn.functional as F
 

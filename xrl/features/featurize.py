@@ -49,7 +49,7 @@ OP_VOCAB: tuple[str, ...] = (
 )
 OPS_AFTER_VOCAB: tuple[str, ...] = ("And", "Not", "Or", "ReduceProd", "SimplifiedLayerNormalization",
                                      "SkipSimplifiedLayerNormalization", "RotaryEmbedding",
-                                     "MultiHeadAttention", "IsNaN")
+                                     "MultiHeadAttention", "IsNaN", "GroupQueryAttention")
 KIND_VOCAB: tuple[str, ...] = ("compute", "elementwise", "reduction", "memory", "view", "opaque")
 DTYPE_VOCAB: tuple[str, ...] = (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",

@@ -356,6 +356,23 @@ def _mha(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     return [out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)]
 
 
+@kernel("GroupQueryAttention")
+def _gqa(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
+    q, k, v = a[:3]
+    heads, kv_heads = node.attr("num_heads"), node.attr("kv_num_heads")
+    b, s = q.shape[:2]
+    size = q.shape[2] // heads
+    split = lambda x, n: x.reshape(b, s, n, size).transpose(0, 2, 1, 3)  # noqa: E731
+    kh, vh = split(k, kv_heads), split(v, kv_heads)
+    group = heads // kv_heads  # query head h reads key/value head h // group
+    scale = node.attr("scale", 0.0) or 1.0 / np.sqrt(size)
+    scores = split(q, heads) @ np.repeat(kh, group, axis=1).transpose(0, 1, 3, 2) * np.asarray(scale, dtype=q.dtype)
+    scores = np.where(np.triu(np.ones((s, s), dtype=bool), 1), -np.inf, scores)
+    z = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    out = (z / z.sum(axis=-1, keepdims=True)) @ np.repeat(vh, group, axis=1)
+    return [out.transpose(0, 2, 1, 3).reshape(b, s, -1), kh, vh][: len(node.outputs)]
+
+
 @kernel("BatchNormalization")
 def _batchnorm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     x, scale, bias, mean, var = a[:5]

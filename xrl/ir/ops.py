@@ -534,6 +534,56 @@ _register("MultiHeadAttention", "compute", _infer_mha,
           onnx_domain="com.microsoft", runtime="onnxruntime")
 
 
+def _infer_gqa(node: Node, ins: list[TensorType | None], consts: Consts) -> list[TensorType]:
+    if len(ins) != 7:
+        raise _fail(node, f"takes query, key, value, past_key, past_value, seqlens_k and total_sequence_length, got "
+                          f"{len(ins)} inputs (cos/sin caches, position_ids and attention_bias are not supported)")
+    q, k, v, pk, pv, seqlens, total = ins
+    heads, kv_heads = node.attr("num_heads", 0), node.attr("kv_num_heads", 0)
+    if q is None or k is None or v is None:
+        raise _fail(node, "query, key and value must all be given (packed QKV is not supported)")
+    if q.rank != 3 or k.rank != 3 or k.shape != v.shape or k.shape[:2] != q.shape[:2]:
+        raise _fail(node, f"query {q}, key {k} and value {v} must be (batch, sequence, hidden) of one batch and "
+                          f"sequence, key and value of one shape")
+    if kv_heads < 1 or heads < 1 or heads % kv_heads or q.shape[2] % heads or k.shape[2] % kv_heads \
+            or q.shape[2] // heads != k.shape[2] // kv_heads:
+        raise _fail(node, f"num_heads {heads} and kv_num_heads {kv_heads} must split query {q} and key {k} into "
+                          f"heads of one size, num_heads a multiple of kv_num_heads")
+    b, s, size = q.shape[0], q.shape[1], q.shape[2] // heads
+    if size % 8:  # onnxruntime's CPU kernel refuses other head sizes
+        raise _fail(node, f"head size {size} must be a multiple of 8")
+    empty_past = (b, kv_heads, 0, size)
+    if (pk is None) != (pv is None) or (pk is not None and (pk.shape != empty_past or pv.shape != empty_past)):
+        raise _fail(node, f"past_key and past_value must both be empty or {empty_past}: only a prompt without past "
+                          f"key/values is supported")
+    if seqlens is None or seqlens.dtype != "int32" or seqlens.shape != (b,):
+        raise _fail(node, f"seqlens_k {seqlens} must be int32 ({b},)")
+    if total is None or total.dtype != "int32" or total.numel != 1 or total.rank > 1:
+        raise _fail(node, f"total_sequence_length {total} must be an int32 scalar")
+    lens, tot = _const_ints(node, consts, 5, "seqlens_k"), _const_ints(node, consts, 6, "total_sequence_length")
+    if lens != [s - 1] * b or tot != [s]:
+        raise _fail(node, f"seqlens_k {lens} and total_sequence_length {tot} must be {s - 1} per batch and {s}: "
+                          f"only an unpadded prompt (no past) is supported")
+    if node.attr("do_rotary", 0) or node.attr("local_window_size", -1) != -1 or node.attr("softcap", 0.0) \
+            or node.attr("smooth_softmax", 0) or node.attr("qk_output", 0):
+        raise _fail(node, "do_rotary, local_window_size, softcap, smooth_softmax and qk_output are not supported")
+    if len(node.outputs) not in (1, 3):
+        raise _fail(node, f"has {len(node.outputs)} outputs; the op defines output, present_key and present_value")
+    present = TensorType((b, kv_heads, s, size), k.dtype)
+    return [TensorType((b, s, q.shape[2]), q.dtype), present, present][: len(node.outputs)]
+
+
+# GroupQueryAttention (com.microsoft): causal softmax(Q K^T * scale) V per head, query (batch, sequence,
+# num_heads * head size) and key/value (batch, sequence, kv_num_heads * head size), each group of
+# num_heads / kv_num_heads query heads reading one key/value head; scale defaults to 1 / sqrt(head size).
+# present_key / present_value are the key and value heads (batch, kv_num_heads, sequence, head size). Only a
+# prompt is supported: no past (empty inputs or zero-length tensors), seqlens_k all sequence - 1 and
+# total_sequence_length the sequence, no rotary, window, softcap; onnxruntime's CPU kernel needs head size % 8.
+_register("GroupQueryAttention", "compute", _infer_gqa,
+          lambda n, i, o: 2 * i[0].shape[0] * i[0].shape[1] * i[1].shape[1] * 2 * i[0].shape[2],
+          onnx_domain="com.microsoft", runtime="onnxruntime")
+
+
 # ----- data movement ---------------------------------------------------------------------------
 def _infer_concat(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
     first = ins[0]

@@ -166,6 +166,7 @@ ARITY: dict[str, tuple[int, int | None, int | tuple[int, ...] | None]] = {
     "Constant": (0, 0, 1), "Max": (1, None, 1), "Min": (1, None, 1),
     "SimplifiedLayerNormalization": (2, 2, (1, 2)), "SkipSimplifiedLayerNormalization": (3, 4, (1, 2, 3, 4)),
     "RotaryEmbedding": (4, 4, 1), "MultiHeadAttention": (3, 6, 1),
+    "GroupQueryAttention": (7, 7, (1, 3)),
 }
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or")
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Equal"})

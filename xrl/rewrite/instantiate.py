@@ -57,6 +57,8 @@ def _example_functions(rng: np.random.Generator) -> dict[str, Any]:
     return {
         "__builtins__": {}, **PURE_FUNCTIONS, "between": between, "choice": choice,
         "fill": lambda shape, v: Spec(tuple(shape), "fill", float(v), weight=True),
+        # a causal mask: 0 on and below the diagonal of the last two axes, v above (a constant, as exporters fold it)
+        "causal": lambda shape, v: Spec(tuple(shape), "causal", float(v), weight=True),
         "positive": lambda shape: Spec(tuple(shape), "positive"),
         "ints": lambda values: Spec((len(values),), "ints", tuple(int(v) for v in values), weight=True),
     }
@@ -133,6 +135,11 @@ def instantiate(rule: Rule, rng: np.random.Generator, *, present: dict[str, bool
             a = np.asarray(spec.value, np.int64)
         elif spec.kind == "fill":
             a = np.full(spec.shape, spec.value, np.float64)
+        elif spec.kind == "causal":
+            if len(spec.shape) < 2:
+                raise InstanceError(f"{var}: a causal mask needs two axes, not {spec.shape}")
+            later = np.triu(np.ones(spec.shape[-2:], dtype=bool), 1)
+            a = np.broadcast_to(np.where(later, spec.value, 0.0), spec.shape).copy()
         elif spec.kind == "positive":
             a = np.abs(rng.standard_normal(spec.shape)) + 0.5
         else:

@@ -35,7 +35,7 @@ with `ast`:
   error, except one named `_name`: an output an op must have in its place (`y, _mean, _inv, s = ...`).
 - `example` lines give the verifier shapes to instantiate the rule with: `x=[B, M, K]` (symbols
   are drawn at random, `H=between(5, 9)` bounds one), `s=choice((1, 1), (2, 2))`, and value kinds
-  `v=positive([C])`, `c=fill([1], 1.0)`.
+  `v=positive([C])`, `c=fill([1], 1.0)`, `m=causal([S, S], -1e38)` (0 on and below the diagonal).
 
 Errors in a rule file raise `RuleSyntaxError` with `file:line: problem`.
 """
@@ -57,7 +57,7 @@ from xrl.rewrite.expr import PURE_FUNCTIONS, Compiled, check
 
 FAMILIES = ("merge", "fusion", "distributivity", "associativity", "transpose", "concat_split", "reshape",
             "algebraic")
-EXAMPLE_FUNCTIONS = frozenset(PURE_FUNCTIONS) | {"between", "choice", "fill", "positive", "ints"}
+EXAMPLE_FUNCTIONS = frozenset(PURE_FUNCTIONS) | {"between", "choice", "fill", "causal", "positive", "ints"}
 TARGET_CONSTS = ("ints", "const")
 
 
