@@ -59,7 +59,7 @@ import onnx
 from xrl.cost.base import Measurement
 from xrl.cost.op_measured import OpTimingCache, cache_dir, cpu_model, stable_value
 from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_plan
-from xrl.cost.targets import TargetCostModel
+from xrl.cost.targets import TargetCostModel, written_values
 from xrl.cost.timing import calling_thread_clock, check_counts, summarize
 from xrl.errors import ConfigError
 from xrl.ir import Graph, TensorType
@@ -197,8 +197,10 @@ class MeasuredKernelCostModel(TargetCostModel):
         c = self._costs.get(key)
         if c is None:
             plan, kernels = runtime_plan(graph, self.target.provider)
-            self._time_missing(kernels, plan)
-            c = self.overhead().fixed_s + math.fsum(self.kernel_cost(k, plan) for k in kernels)
+            written = written_values(kernels, plan, by_name=True)  # once for the timing and the costing
+            self._time_missing(kernels, plan, written)
+            c = self.overhead().fixed_s + math.fsum(self._measured_kernel_cost(k, plan, w)
+                                                    for k, w in zip(kernels, written))
             if len(self._costs) >= self.CACHE_SIZE:
                 self._costs.clear()
                 self._kernel_costs.clear()
@@ -211,16 +213,21 @@ class MeasuredKernelCostModel(TargetCostModel):
 
     def op_costs(self, graph: Graph) -> dict[str, float]:
         plan, kernels = runtime_plan(graph, self.target.provider)
-        self._time_missing(kernels, plan)
+        written = written_values(kernels, plan, by_name=True)
+        self._time_missing(kernels, plan, written)
         out = {n: 0.0 for n in graph.nodes}
-        for k in kernels:
-            out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self.kernel_cost(k, plan)
+        for k, w in zip(kernels, written):
+            out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self._measured_kernel_cost(k, plan, w)
         return out
 
     def kernel_cost(self, k: Kernel, graph: Graph) -> float:
+        return self._measured_kernel_cost(k, graph, _written(k, graph))
+
+    def _measured_kernel_cost(self, k: Kernel, graph: Graph, written: tuple[str, ...]) -> float:
+        """`kernel_cost`, given what `k` writes for outside (`_written`)."""
         if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes:
             return 0.0  # a separate activation kernel is timed with its anchor's model (exported as the pair)
-        memo_key = (k.op, k.nodes, _written(k, graph))
+        memo_key = (k.op, k.nodes, written)
         memo = self._measured_costs.get(memo_key)
         if memo is not None:
             return memo
@@ -279,18 +286,22 @@ class MeasuredKernelCostModel(TargetCostModel):
                 self._timing[run_key] = m
         return m
 
-    def _time_missing(self, kernels: Sequence[Kernel], graph: Graph) -> None:
+    def _time_missing(self, kernels: Sequence[Kernel], graph: Graph,
+                      written: Sequence[tuple[str, ...]] | None = None) -> None:
         """Time, together and interleaved, every kernel of `graph` that has no timing yet.
 
         A kernel is known by what onnxruntime runs for it (`_run_key` of its optimised model): two
         kernels the runtime optimises to the same work (a Conv with and without a BatchNormalization it
-        folds) share one timing, so a rewrite the runtime does itself costs exactly nothing."""
+        folds) share one timing, so a rewrite the runtime does itself costs exactly nothing.
+        `written`: each kernel's `_written`, where the caller has them."""
+        if written is None:
+            written = written_values(kernels, graph, by_name=True)
         todo: dict[str, tuple[KernelModel, Kernel]] = {}
         self._models.clear()
-        for k in kernels:
+        for k, w in zip(kernels, written):
             if k.op == ELIMINATED or k.op in VIEW_OPS or not k.nodes:
                 continue
-            memo_key = (k.op, k.nodes, _written(k, graph))
+            memo_key = (k.op, k.nodes, w)
             if memo_key in self._measured_costs:
                 continue
             km = self._models[memo_key] = kernel_model(k, graph)  # kernel_cost takes it from here
@@ -538,10 +549,10 @@ def reorder_probe(shape: tuple[int, ...]) -> KernelModel:
 
 
 def _written(k: Kernel, graph: Graph) -> tuple[str, ...]:
-    """The values `k` writes for readers outside it (its cost depends on them as well as its nodes)."""
-    members = {n.name for n in k.nodes}
-    return tuple(v for n in k.nodes for v in n.outputs
-                 if v in graph.outputs or any(u.name not in members for u in graph.consumers.get(v, ())))
+    """The values `k` writes for readers outside it (its cost depends on them as well as its nodes);
+    members by name: `graph` is the plan whose nodes the kernel holds. For all of a plan's kernels at
+    once, `written_values(kernels, plan, by_name=True)`."""
+    return written_values([k], graph, by_name=True)[0]
 
 
 def kernel_model_of(graph: Graph) -> KernelModel:

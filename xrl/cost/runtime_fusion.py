@@ -79,16 +79,18 @@ class _Walker:
         self.taken: set[str] = set()
         self.kernels: list[Kernel | None] = []
         self.kernel_of: dict[str, int] = {}
+        self._consumers = graph.consumers  # looked up for nearly every node: held here
+        self._outputs = frozenset(graph.outputs)
 
     # ----- graph queries -----------------------------------------------------------------------
     def users(self, value: str) -> list[Node]:
-        return self.g.consumers.get(value, [])
+        return self._consumers.get(value, [])
 
     def only_user(self, node: Node) -> Node | None:
         """The single consumer of a single-output node whose output is not a graph output."""
-        if len(node.outputs) != 1 or node.outputs[0] in self.g.outputs:
+        if len(node.outputs) != 1 or node.outputs[0] in self._outputs:
             return None
-        users = self.users(node.outputs[0])
+        users = self._consumers.get(node.outputs[0], [])
         if len(users) != 1 or users[0].name in self.taken:
             return None
         return users[0]
@@ -112,9 +114,10 @@ class _Walker:
 
     def emit(self, op: str, anchor: Node, *others: Node) -> None:
         nodes = (anchor, *others)
-        self.taken.update(n.name for n in nodes)
+        index = len(self.kernels)
         for n in nodes:
-            self.kernel_of[n.name] = len(self.kernels)
+            self.taken.add(n.name)
+            self.kernel_of[n.name] = index
         self.kernels.append(Kernel(op, anchor, nodes))
 
     def unfused(self, node: Node, op: str) -> int | None:
@@ -138,8 +141,8 @@ class _Walker:
             if node.domain not in ("", "ai.onnx"):
                 self.emit(f"{node.domain}:{node.op}", node)
                 continue
-            handler = getattr(self, f"fuse_{node.op}", None)
-            if handler is None or not handler(node):
+            handler = _FUSERS.get(node.op)
+            if handler is None or not handler(self, node):
                 self.plain(node)
         return [k for k in self.kernels if k is not None]
 
@@ -386,6 +389,10 @@ class _Walker:
         return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
 
 
+# op -> the _Walker method that tries its fusions (`fuse_<op>`): looked up once, not per node.
+_FUSERS = {name.removeprefix("fuse_"): f for name, f in vars(_Walker).items() if name.startswith("fuse_")}
+
+
 def deduplicate(graph: Graph) -> Graph:
     """`graph` with every node that computes what an earlier node computes removed and its uses
     redirected: onnxruntime's CommonSubexpressionElimination (same op, attributes and input values),
@@ -394,6 +401,7 @@ def deduplicate(graph: Graph) -> Graph:
     seen: dict[tuple, Node] = {}
     remove: list[str] = []
     rename: dict[str, str] = {}
+    scalars = {v for v, w in graph.initializers.items() if w.size == 1}
 
     def key_of(v: str) -> object:
         if v in rename:
@@ -407,7 +415,9 @@ def deduplicate(graph: Graph) -> Graph:
         if n.op in ("Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"):
             continue
         # attributes are compared only when op and inputs agree (attr_key is the expensive part)
-        key = (n.domain, n.op, tuple(key_of(v) for v in n.inputs), len(n.outputs))
+        ins = n.inputs  # the names are the key when none is renamed or a one-element weight (most nodes)
+        args = tuple([key_of(v) for v in ins]) if rename or not scalars.isdisjoint(ins) else ins
+        key = (n.domain, n.op, args, len(n.outputs))
         rep = seen.setdefault(key, n)
         if rep is not n and rep.attr_key() != n.attr_key():
             seen.setdefault((*key, n.attr_key()), n)

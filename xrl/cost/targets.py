@@ -15,6 +15,7 @@ well-kept libraries the deployment pipeline runs before xrl's own search.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xrl.cost.analytic import AnalyticCostModel
@@ -112,6 +113,41 @@ def contrib_flops(node: Node, graph: Graph) -> int:
     return sum(t.numel for t in outs) * 4  # elementwise and normalisations: a few FLOPs an element
 
 
+def written_values(kernels: Sequence[Kernel], graph: Graph, *, by_name: bool = False) -> list[tuple[str, ...]]:
+    """For each kernel, the values it writes for readers outside it, in the order of its nodes and their
+    outputs: a graph output, or a value read by a node that is not one of the kernel's (told apart by
+    object identity, or by name with `by_name`). Each node is looked up once in a map to its kernel,
+    rather than scanned for in every kernel's members: this runs for every candidate a search costs."""
+    owner: dict[object, int] = {}
+    for i, k in enumerate(kernels):
+        for n in k.nodes:
+            owner[n.name if by_name else n] = i  # a Node hashes by identity
+    if len(owner) != sum(len(k.nodes) for k in kernels):  # a node twice (never seen): the map would be wrong
+        return [_written_by_scan(k, graph, by_name) for k in kernels]
+    outputs = set(graph.outputs)
+    consumers = graph.consumers
+    out: list[tuple[str, ...]] = []
+    for i, k in enumerate(kernels):
+        written = []
+        for n in k.nodes:
+            for v in n.outputs:
+                if v in outputs:
+                    written.append(v)
+                    continue
+                for u in consumers.get(v, ()):
+                    if owner.get(u.name if by_name else u) != i:
+                        written.append(v)
+                        break
+        out.append(tuple(written))
+    return out
+
+
+def _written_by_scan(k: Kernel, graph: Graph, by_name: bool) -> tuple[str, ...]:
+    members = {n.name if by_name else n for n in k.nodes}
+    return tuple(v for n in k.nodes for v in n.outputs if v in graph.outputs
+                 or any((u.name if by_name else u) not in members for u in graph.consumers.get(v, ())))
+
+
 class TargetCostModel(CostModel):
     """The roofline estimate of the kernels a target's runtime runs for a graph (after its own fusions).
 
@@ -152,6 +188,10 @@ class TargetCostModel(CostModel):
         return runtime_kernels(graph, self.target.provider)
 
     def kernel_cost(self, k: Kernel, graph: Graph) -> float:
+        return self._roofline_kernel_cost(k, graph, written_values([k], graph)[0])
+
+    def _roofline_kernel_cost(self, k: Kernel, graph: Graph, written: tuple[str, ...]) -> float:
+        """`kernel_cost`, given what `k` writes for outside (`written_values`)."""
         if k.op == ELIMINATED or k.op in VIEW_OPS:
             return 0.0
         d = self.analytic.device
@@ -159,15 +199,13 @@ class TargetCostModel(CostModel):
         if not k.nodes:  # an activation the runtime runs on its own: read and write the anchor's output
             nbytes = 2 * graph.type_of(anchor.outputs[0]).nbytes
             return d.launch_overhead_s + nbytes / (d.bandwidth * d.memory_efficiency)
-        inside = {v for n in k.nodes for v in n.outputs}
-        written = tuple(v for n in k.nodes for v in n.outputs
-                        if v in graph.outputs or any(u not in k.nodes for u in graph.consumers.get(v, ())))
         # Nodes are immutable and shared by a graph and its rewrites, and their values keep their types:
         # a kernel over the same node objects writing the same values costs the same in every candidate.
         key = (k.op, k.nodes, written)
         cached = self._kernel_costs.get(key)
         if cached is not None:
             return cached
+        inside = {v for n in k.nodes for v in n.outputs}
         read = {v for n in k.nodes for v in n.inputs if v and v not in inside}
         nbytes = sum(graph.type_of(v).nbytes for v in read.union(written))
         contrib = anchor.domain not in ("", "ai.onnx")
@@ -183,7 +221,9 @@ class TargetCostModel(CostModel):
         key = graph.canonical_hash
         c = self._costs.get(key)
         if c is None:
-            c = math.fsum(self.kernel_cost(k, graph) for k in self.kernels(graph))
+            kernels = self.kernels(graph)
+            written = written_values(kernels, graph)
+            c = math.fsum(self._roofline_kernel_cost(k, graph, w) for k, w in zip(kernels, written))
             if len(self._costs) >= self.CACHE_SIZE:
                 self._costs.clear()
                 self._kernel_costs.clear()
@@ -193,8 +233,9 @@ class TargetCostModel(CostModel):
     def op_costs(self, graph: Graph) -> dict[str, float]:
         """node name -> seconds: each kernel's cost on its anchor node, 0 for the nodes it absorbs."""
         out = {n: 0.0 for n in graph.nodes}
-        for k in self.kernels(graph):
-            out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self.kernel_cost(k, graph)
+        kernels = self.kernels(graph)
+        for k, w in zip(kernels, written_values(kernels, graph)):
+            out[k.anchor.name] = out.get(k.anchor.name, 0.0) + self._roofline_kernel_cost(k, graph, w)
         return out
 
     def describe(self) -> str:

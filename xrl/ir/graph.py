@@ -8,6 +8,7 @@ few dict copies, not a deep copy (docs/architecture.md, "Candidates without whol
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,7 @@ from xrl.ir.types import TensorType
 AttrValue = Any  # int | float | str | tuple[int, ...] | tuple[float, ...] | np.ndarray (Constant only)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)  # weakref: keys of _HASH_PREFIX
 class Node:
     """One operator application. `inputs` may hold "" for an omitted optional input (ONNX style)."""
 
@@ -133,9 +134,13 @@ class Graph:
         """value name -> nodes that read it (a node reading a value twice is listed once)."""
         out: dict[str, list[Node]] = {}
         for n in self.nodes.values():
-            for v in dict.fromkeys(n.inputs):
+            for v in n.inputs:
                 if v:
-                    out.setdefault(v, []).append(n)
+                    users = out.get(v)
+                    if users is None:
+                        out[v] = [n]
+                    elif users[-1] is not n:  # n read v already (nodes are listed as they come)
+                        users.append(n)
         return out
 
     def producer(self, value: str) -> Node | None:
@@ -152,29 +157,31 @@ class Graph:
         Raises InvalidGraphError on a cycle, naming a node on it.
         """
         producers = self.producers
-        indeg: dict[str, int] = {}
+        consumers = self.consumers
+        indeg: dict[str, int] = {}  # the number of distinct nodes a node reads from
         for n in self.nodes.values():
-            indeg[n.name] = len({producers[v][0].name for v in n.inputs if v in producers})
-        ready = [n for n in self.nodes.values() if indeg[n.name] == 0]
-        order: list[Node] = []
+            ins = n.inputs
+            if len(ins) == 1:
+                indeg[n.name] = 1 if ins[0] in producers else 0
+            else:
+                indeg[n.name] = len({producers[v][0].name for v in ins if v in producers})
+        ready = [n for n in self.nodes.values() if indeg[n.name] == 0]  # also the order: nodes leave it in turn
         i = 0
         while i < len(ready):
             n = ready[i]
             i += 1
-            order.append(n)
-            seen: set[str] = set()
-            for v in n.outputs:
-                for c in self.consumers.get(v, ()):
-                    if c.name in seen:
-                        continue
-                    seen.add(c.name)
-                    indeg[c.name] -= 1
-                    if indeg[c.name] == 0:
-                        ready.append(c)
-        if len(order) != len(self.nodes):
+            if len(n.outputs) == 1:  # a consumer list names a node once
+                users: Iterable[Node] = consumers.get(n.outputs[0], ())
+            else:  # a node that reads two of n's outputs counts once
+                users = {c.name: c for v in n.outputs for c in consumers.get(v, ())}.values()
+            for c in users:
+                d = indeg[c.name] = indeg[c.name] - 1
+                if d == 0:
+                    ready.append(c)
+        if len(ready) != len(self.nodes):
             stuck = next(n.name for n in self.nodes.values() if indeg[n.name] > 0)
             raise InvalidGraphError(f"the graph has a cycle through node {stuck!r}")
-        return tuple(order)
+        return tuple(ready)
 
     # ----- values ---------------------------------------------------------------------------
     def type_of(self, value: str) -> TensorType:
@@ -236,12 +243,14 @@ class Graph:
         removed = set(remove)
         add = list(add)
         changed = {n.name for n in add}
+        rebuilt: dict[str, tuple[Node, Node]] = {}  # name -> (parent's node, its copy reading the renamed values)
         nodes: list[Node] = []
         for n in self.nodes.values():
             if n.name in removed:
                 continue
-            if rename and any(v in rename for v in n.inputs):
-                n = Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs, n.domain)
+            if rename and not rename.keys().isdisjoint(n.inputs):
+                old, n = n, Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs, n.domain)
+                rebuilt[n.name] = (old, n)
                 changed.add(n.name)
             nodes.append(n)
         nodes.extend(add)
@@ -268,7 +277,72 @@ class Graph:
                       output_names=self.output_names, weight_digests=digests, domain_opsets=self.domain_opsets)
         child._hash_parent = self
         child._hash_delta = (changed, removed, set(new_weights or ()))
+        if "producers" in self.__dict__ and "consumers" in self.__dict__:
+            child._derive_maps(self, removed, rebuilt, add)
         return child
+
+    def _derive_maps(self, parent: Graph, removed: set[str], rebuilt: Mapping[str, tuple[Node, Node]],
+                     add: list[Node]) -> None:
+        """Set `producers` and `consumers` of this graph, made by `parent.replace`, from the parent's: the
+        entries of the values the rewrite touched are made anew, the rest (tuples, lists) are shared. The
+        result equals computing them from scratch (each list in node order), for a few entries' work and
+        allocations instead of the whole graph's: searches build a graph per candidate. (A new key of
+        `consumers` comes last rather than where the scan would put it: nothing reads the keys' order.)
+        Where an added node writes a value something else writes, both are left to be computed on use,
+        which raises."""
+        gone = [parent.nodes[name] for name in removed if name in parent.nodes]
+        producers = dict(parent.producers)
+        for n in gone:
+            for v in n.outputs:
+                del producers[v]
+        for _, n in rebuilt.values():
+            for i, v in enumerate(n.outputs):
+                producers[v] = (n, i)
+        for n in add:
+            for i, v in enumerate(n.outputs):
+                if v in producers:
+                    return
+                producers[v] = (n, i)
+        gained: dict[str, list[Node]] = {}  # value -> rebuilt nodes that read it and did not before
+        touched: set[str] = set()
+        for n in gone:
+            touched.update(n.inputs)
+        for old, n in rebuilt.values():
+            touched.update(old.inputs)
+            touched.update(n.inputs)
+            for v in dict.fromkeys(n.inputs):
+                if v not in old.inputs:
+                    gained.setdefault(v, []).append(n)
+        readers: dict[str, list[Node]] = {}  # value -> added nodes that read it, in the order they are added
+        for n in add:
+            touched.update(n.inputs)
+            for v in dict.fromkeys(n.inputs):
+                readers.setdefault(v, []).append(n)
+        touched.discard("")
+        consumers = dict(parent.consumers)
+        position: dict[str, int] | None = None
+        for v in touched:
+            users: list[Node] = []
+            for u in parent.consumers.get(v, ()):
+                if u.name in removed:
+                    continue
+                r = rebuilt.get(u.name)
+                if r is not None:
+                    if v not in r[1].inputs:
+                        continue
+                    u = r[1]
+                users.append(u)
+            if v in gained:  # the parent's nodes keep their places: order the new readers among them
+                if position is None:
+                    position = {name: i for i, name in enumerate(parent.nodes)}
+                users = sorted(users + gained[v], key=lambda u: position[u.name])
+            users += readers.get(v, ())
+            if users:
+                consumers[v] = users
+            else:
+                consumers.pop(v, None)
+        self.__dict__["producers"] = producers
+        self.__dict__["consumers"] = consumers
 
     # ----- identity -------------------------------------------------------------------------
     # A value's hash says what computes it (op, attributes, the hashes of its inputs), never what it is
@@ -295,9 +369,18 @@ class Graph:
         h[""] = "none"
 
     def _node_hash(self, n: Node, h: dict[str, str]) -> str:
-        node_h = _digest((n.domain, n.op, n.attr_key(), tuple(h.get(v, "?" + v) for v in n.inputs)))
-        for i, v in enumerate(n.outputs):
-            h[v] = _digest((node_h, i))
+        """_digest((n.domain, n.op, n.attr_key(), input hashes)); sets the hashes of n's outputs in h."""
+        # The repr of that tuple, with the part that depends on the node alone made once per Node object
+        # (a candidate shares most of its nodes with its parent, and attr_key sorts and digests attributes).
+        prefix = _HASH_PREFIX.get(n)
+        if prefix is None:
+            prefix = _HASH_PREFIX[n] = f"({n.domain!r}, {n.op!r}, {n.attr_key()!r}, "
+        ins = tuple(map(h.get, n.inputs))
+        if None in ins:  # a value nothing defines (an invalid graph): hashed by its name
+            ins = tuple(h.get(v, "?" + v) for v in n.inputs)
+        node_h = hashlib.blake2b((prefix + repr(ins) + ")").encode(), digest_size=16).hexdigest()
+        for i, v in enumerate(n.outputs):  # _digest((node_h, i)), spelled out: node_h is hex, its repr is quoted
+            h[v] = hashlib.blake2b(f"('{node_h}', {i})".encode(), digest_size=16).hexdigest()
         return node_h
 
     def _hash_all(self) -> None:
@@ -314,46 +397,27 @@ class Graph:
         self._node_hash_sum = sum(int(x, 16) for x in node_hashes.values()) % _MOD
 
     def _hash_from(self, parent: Graph) -> None:
+        """Rehash the changed nodes (`_hash_delta`'s roots) and every node downstream of them; keep the
+        parent's hashes for the rest. One walk in topological order: a node is dirty when it is a root or
+        reads a value a dirty node writes, and its dirty producers come before it."""
         ph = parent.value_hashes
         roots, removed, new_weights = self._hash_delta
-        dirty: set[str] = set()
-        stack = [r for r in roots if r in self.nodes]
-        consumers = self.consumers
-        while stack:
-            name = stack.pop()
-            if name in dirty:
-                continue
-            dirty.add(name)
-            for v in self.nodes[name].outputs:
-                stack.extend(c.name for c in consumers.get(v, ()))
         h = dict(ph)
         self._source_hashes(h, new_weights)
         node_hashes = dict(parent._node_hashes)
+        parent_nodes = parent.nodes
+        dirty_values: set[str] = set()
+        dirty: list[Node] = []
+        for n in self.topological_order:
+            if n.name in roots or not dirty_values.isdisjoint(n.inputs):
+                dirty.append(n)
+                dirty_values.update(n.outputs)
         total = parent._node_hash_sum
-        for name in set(removed) | (dirty & parent.nodes.keys()):
+        for name in set(removed).union(n.name for n in dirty if n.name in parent_nodes):
             total -= int(node_hashes.pop(name), 16)
-        producers = self.producers
-        done: set[str] = set()
-        visiting: set[str] = set()
-
-        def visit(name: str) -> None:  # dirty nodes after their dirty producers, depth first
-            if name in done:
-                return
-            if name in visiting:
-                raise InvalidGraphError(f"the graph has a cycle through node {name!r}")
-            visiting.add(name)
-            n = self.nodes[name]
-            for v in n.inputs:
-                p = producers.get(v)
-                if p is not None and p[0].name in dirty:
-                    visit(p[0].name)
-            node_hashes[name] = self._node_hash(n, h)
-            visiting.discard(name)
-            done.add(name)
-
-        for name in sorted(dirty):
-            visit(name)
-        total += sum(int(node_hashes[name], 16) for name in dirty)
+        for n in dirty:
+            x = node_hashes[n.name] = self._node_hash(n, h)
+            total += int(x, 16)
         self.__dict__["value_hashes"] = h
         self._node_hashes = node_hashes
         self._node_hash_sum = total % _MOD
@@ -407,3 +471,8 @@ _MOD = 1 << 128
 
 def _digest(obj: object) -> str:
     return hashlib.blake2b(repr(obj).encode(), digest_size=16).hexdigest()
+
+
+# Node -> the start of the repr its hash digests (what depends on the node alone): see Graph._node_hash.
+# Weak keys: an entry lives as long as its node, which no graph may change.
+_HASH_PREFIX: weakref.WeakKeyDictionary[Node, str] = weakref.WeakKeyDictionary()
