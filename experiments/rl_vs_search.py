@@ -49,7 +49,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from xrl.cli.rl_commands import CONF_DIR
@@ -84,6 +84,16 @@ SEARCHES = ("greedy", "beam", "taso", "tensat", "exhaustive")
 FIELDS = ["variant", "seed", "graph", "split", "mode", "status", "speedup", "time_s", "rewrites", "verified"]
 ARM_FIELDS = ["variant", "seeds", *prior_arms.FIELDS]  # seeds: of trained-0, trained-1, ... in order
 
+
+
+def append_rows(path: Path, fields: Sequence[str], rows: Iterable[dict]) -> None:
+    """Append rows to a CSV file, with its header when the file is new: a stopped run keeps what it wrote."""
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 def split_of() -> dict[str, str]:
     from omegaconf import OmegaConf
@@ -151,12 +161,7 @@ def run_arms(variant: str, seeds: Sequence[int], policies: Sequence[Path], graph
         t0 = time.perf_counter()
         rows = prior_arms.run_graph(g, split.get(g, "held-out"), arm_args, cost, engine, budgets)
         rows = [{"variant": variant, "seeds": ",".join(map(str, seeds)), **r} for r in rows]
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=ARM_FIELDS)
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        append_rows(path, ARM_FIELDS, rows)
         print(f"arms {variant} {g} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
@@ -301,12 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                            "status": rec.status, "speedup": rec.speedup, "time_s": rec.time_s,
                            "rewrites": rec.rewrites, "verified": rec.verified}
                     rows.append({k: str(v) for k, v in row.items()})
-                    new = not runs_csv.exists()
-                    with runs_csv.open("a", newline="") as f:
-                        w = csv.DictWriter(f, fieldnames=FIELDS)
-                        if new:
-                            w.writeheader()
-                        w.writerow(row)
+                    append_rows(runs_csv, FIELDS, [row])
                     print(f"[{time.perf_counter() - t0:6.0f} s] {variant} seed {seed} {g} {mode}: {rec.status} "
                           f"{rec.speedup:.3f}x in {rec.time_s:.1f} s {rec.error}", file=sys.stderr, flush=True)
         if args.arms and not args.train_only:
