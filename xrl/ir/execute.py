@@ -278,12 +278,15 @@ def _gemm(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
 
 
 # ----- normalisation, softmax, pooling, reductions ----------------------------------------------
+def _stable_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x) / sum(exp(x)) along `axis`, shifted by the maximum (the attention kernels' too)."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 @kernel("Softmax")
 def _softmax(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
-    axis = node.attr("axis", -1)
-    z = a[0] - a[0].max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return [e / e.sum(axis=axis, keepdims=True)]
+    return [_stable_softmax(a[0], node.attr("axis", -1))]
 
 
 @kernel("LayerNormalization")
@@ -351,8 +354,7 @@ def _mha(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
         scores = scores + np.where(a[4][:, None, None, :] == 0, node.attr("mask_filter_value", -10000.0), 0.0)
     if node.attr("unidirectional", 0):
         scores = np.where(np.triu(np.ones(scores.shape[-2:], dtype=bool), 1), -np.inf, scores)
-    z = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    out = (z / z.sum(axis=-1, keepdims=True)) @ split(v)
+    out = _stable_softmax(scores) @ split(v)
     return [out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)]
 
 
@@ -368,8 +370,7 @@ def _gqa(node: Node, a: Arrays, dt: np.dtype) -> Arrays:
     scale = node.attr("scale", 0.0) or 1.0 / np.sqrt(size)
     scores = split(q, heads) @ np.repeat(kh, group, axis=1).transpose(0, 1, 3, 2) * np.asarray(scale, dtype=q.dtype)
     scores = np.where(np.triu(np.ones((s, s), dtype=bool), 1), -np.inf, scores)
-    z = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    out = (z / z.sum(axis=-1, keepdims=True)) @ np.repeat(vh, group, axis=1)
+    out = _stable_softmax(scores) @ np.repeat(vh, group, axis=1)
     return [out.transpose(0, 2, 1, 3).reshape(b, s, -1), kh, vh][: len(node.outputs)]
 
 
