@@ -110,9 +110,10 @@ def test_optimize_measure_reports_a_measured_speedup(capsys, tmp_path):
     code = main(["optimize", "mlp", "--device", "cpu", "--measure", "--measure-repeats", "2", "-o", str(out),
                  "--json"])
     res = json.loads(capsys.readouterr().out)
-    assert code == 0 and out.exists()
     m = res["measured"]
-    assert m["verdict"] in VERDICTS
+    assert m["verdict"] in VERDICTS and out.exists()
+    # two repeats a round on a shared machine: any verdict can come out, and the exit code must follow it
+    assert code == (1 if m["verdict"] == "slower" else 0)
     assert m["cost_model"].startswith("e2e(ort, cpu")
     rounds = len(m["round_speedups"])
     assert 6 <= rounds <= 20 and m["repeats"] == 2 * rounds  # 6 rounds and more while the interval is wide
@@ -123,7 +124,7 @@ def test_optimize_measure_reports_a_measured_speedup(capsys, tmp_path):
 def test_optimize_measure_text_and_bad_repeats(capsys):
     code = main(["optimize", "tiny_cnn", "--device", "cpu", "--measure", "torch", "--measure-repeats", "2"])
     out, _ = capsys.readouterr()
-    assert code == 0
+    assert code == (1 if ": slower" in out else 0)  # two repeats a round: the verdict is noise's to give
     assert "measured under e2e(torch, cpu" in out and "95%" in out
     code = main(["optimize", "mlp", "--measure", "--measure-repeats", "0"])
     _, err = capsys.readouterr()
