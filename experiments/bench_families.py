@@ -4,7 +4,8 @@ For each member of `xrl.graphs.families` (LoRA, structural re-parameterisation, 
 torch exporter (TorchScript "ts", dynamo), the variants are: the exported original; an A/A copy (a second
 session of the identical file: the noise floor); the peers onnxslim, onnx-simplifier, onnxruntime's
 transformers optimizer (transformer members only, opt_level 0) and onnxscript's `optimize_for_ort`; xrl
-(`xrl.api.optimize`, the default target, pre-passes and search); and the limit (the same network merged /
+(`xrl.api.optimize`, the default target, pre-passes and search, run once per thread count, `threads=` as
+`xrl optimize --threads`: its kernel costs and guard time the count its file is timed at); and the limit (the same network merged /
 re-parameterised in torch and exported the same way: `families.build_onnx(..., limit=True)`). Every
 variant's outputs are checked against the original's under onnxruntime (rtol 1e-3, atol 1e-4 x scale).
 
@@ -85,6 +86,13 @@ class Result:
     timings: dict[str, dict[str, Timing]] = field(default_factory=dict)
     error: str | None = None
     limit_kind: str = ""
+    # xrl optimises for the thread count it will run with (`--threads`): its file for each thread count
+    # after the first (that one is variants["xrl"])
+    xrl_at: dict[str, Variant] = field(default_factory=dict)
+
+    def xrl(self, threads: str) -> Variant:
+        """xrl's file made for `threads`."""
+        return self.xrl_at.get(threads, self.variants["xrl"])
 
 
 # --------------------------------------------------------------------------- variants
@@ -153,17 +161,20 @@ def make_onnxscript_ort(src: Path, dst: Path) -> dict:
     return {"fusions": {k: v for k, v in stats.items() if v}}
 
 
-def make_xrl(src: Path, dst: Path, time_limit: float, seed: int) -> dict:
-    """xrl's default optimisation through its Python API; returns the fields of its report kept here."""
+def make_xrl(src: Path, dst: Path, time_limit: float, seed: int, threads: str) -> dict:
+    """xrl's default optimisation through its Python API, for the thread count the file will be timed at
+    (as `xrl optimize --threads`); returns the fields of its report kept here."""
     from xrl.api import optimize
 
     with quiet():
-        res = optimize(str(src), output=str(dst), force=True, seed=seed, time_limit=time_limit)
+        res = optimize(str(src), output=str(dst), force=True, seed=seed, time_limit=time_limit,
+                       threads=None if threads == "all" else int(threads))
     if not res.verified:
         raise PeerError(f"xrl reports verified=false (max_abs_err {res.max_abs_err})")
     rules = Counter(s.split("@")[0] for s in res.steps)
     return {"speedup": res.speedup, "rewrites": res.rewrites, "time_s": res.time_s, "rules": dict(rules),
-            "prepasses": [p.get("name") for p in res.prepasses if p.get("applied")]}
+            "prepasses": [p.get("name") for p in res.prepasses if p.get("applied")],
+            "wrote": res.guard["chosen"] if res.guard else "search"}
 
 
 def session(path: Path, threads: int):
@@ -215,18 +226,24 @@ def prepare(member: str, exporter: str, args, workdir: Path, bar) -> Result:
     variants["original"].path = variants["A/A"].path = src
     variants["limit"].path = lim
     model_type, heads, hidden = families.model_info(member, args.size)
+    res.xrl_at = {t: Variant("xrl") for t in args.threads[1:]}
+
+    def xrl_maker(var: Variant, threads: str):
+        return lambda dst: var.extra.update(make_xrl(src, dst, args.xrl_time_limit, args.seed, threads))
+
     makers = {
-        "xrl": lambda dst: variants["xrl"].extra.update(make_xrl(src, dst, args.xrl_time_limit, args.seed)),
+        "xrl": xrl_maker(variants["xrl"], args.threads[0]),
         "onnxslim": lambda dst: make_onnxslim(src, dst),
         "onnx-simplifier": lambda dst: make_onnxsim(src, dst),
         "ort-transformers": (lambda dst: make_ort_transformers(src, dst, model_type, heads, hidden))
         if model_type else None,
         "onnxscript-ort": lambda dst: variants["onnxscript-ort"].extra.update(make_onnxscript_ort(src, dst)),
     }
-    bar.update(3)
+    makers.update({f"xrl@{t}": xrl_maker(var, t) for t, var in res.xrl_at.items()})
+    bar.update(3 - len(res.xrl_at))  # the progress total counts one xrl
     for name, make in makers.items():
         bar.set_description(f"{member}/{exporter}: {name}")
-        var = variants[name]
+        var = res.xrl_at[name[4:]] if name.startswith("xrl@") else variants[name]
         if make is None:
             var.error = "n/a"
         else:
@@ -241,7 +258,7 @@ def prepare(member: str, exporter: str, args, workdir: Path, bar) -> Result:
         bar.update(1)
     feeds = families.input_feeds(member, args.size, seed=args.seed)
     reference = [o.astype(np.float64) for o in run_outputs(src, feeds)]
-    for var in variants.values():
+    for var in [*variants.values(), *res.xrl_at.values()]:
         if var.path is not None:
             var.nodes, var.ops = histogram(var.path)
             if var.name != "original":
@@ -256,7 +273,8 @@ def prepare(member: str, exporter: str, args, workdir: Path, bar) -> Result:
 def time_result(result: Result, threads: str, args, bar) -> dict[str, Timing]:
     from xrl.graphs import families
 
-    live = {v.name: v for v in result.variants.values() if v.path is not None and v.error is None}
+    variants = {**result.variants, "xrl": result.xrl(threads)}  # xrl's file for this thread count
+    live = {v.name: v for v in variants.values() if v.path is not None and v.error is None}
     feeds = families.input_feeds(result.member, args.size, seed=args.seed)
     rng = random.Random(f"{args.seed}-{result.member}-{result.exporter}-{threads}")
     per_round: dict[str, list[float]] = {name: [] for name in live}
@@ -322,7 +340,7 @@ def versus_best_peer(res: Result, threads: str, seed: int) -> str:
 
 
 def cell(result: Result, threads: str, name: str) -> str:
-    var = result.variants[name]
+    var = result.xrl(threads) if name == "xrl" else result.variants[name]
     if var.error == "n/a":
         return "—"
     if var.error is not None:
@@ -370,8 +388,9 @@ def markdown(results: list[Result], args, elapsed_s: float) -> str:
                 continue
             timings = res.timings.get(threads, {})
             orig = timings.get("original")
-            est = res.variants["xrl"].extra.get("speedup")
-            est_s = f"{est:.3f}" if isinstance(est, (int, float)) and res.variants["xrl"].error is None else ""
+            xrl = res.xrl(threads)
+            est = xrl.extra.get("speedup")
+            est_s = f"{est:.3f}" if isinstance(est, (int, float)) and xrl.error is None else ""
             row = f"| {res.member} | {res.exporter} | {threads} | {orig.median_ms:.2f} | " if orig else \
                 f"| {res.member} | {res.exporter} | {threads} | | "
             row += " | ".join(cell(res, threads, p) for p in PEERS)
@@ -387,17 +406,20 @@ def markdown(results: list[Result], args, elapsed_s: float) -> str:
         lines.append(f"| **geomean** | | {threads} | | " + " | ".join(gm) + " | | | | |")
     lines += ["", "Node counts of the files and what xrl did:", "",
               "| member | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A")
-              + " | xrl pre-passes | xrl rules (count) | onnxscript fusions |",
-              "|---|---|" + "---:|" * (len(VARIANTS) - 1) + "---|---|---|"]
+              + " | xrl pre-passes | xrl rules (count) | onnxscript fusions | xrl wrote (threads: the guard's choice) |",
+              "|---|---|" + "---:|" * (len(VARIANTS) - 1) + "---|---|---|---|"]
     for res in results:
         if res.error is None:
             counts = [res.variants[v] for v in VARIANTS if v != "A/A"]
             x = res.variants["xrl"].extra
             rules = ", ".join(f"{k} {v}" for k, v in x.get("rules", {}).items()) or "none"
             fusions = ", ".join(f"{k} {v}" for k, v in res.variants["onnxscript-ort"].extra.get("fusions", {}).items())
+            wrote = "; ".join(f"{t}: {res.xrl(t).extra.get('wrote', '?')} ({res.xrl(t).nodes} nodes)"
+                              for t in args.threads)
             lines.append(f"| {res.member} | {res.exporter} | "
                          + " | ".join("" if v.nodes is None else str(v.nodes) for v in counts)
-                         + f" | {', '.join(x.get('prepasses', [])) or 'none'} | {rules} | {fusions or 'none'} |")
+                         + f" | {', '.join(x.get('prepasses', [])) or 'none'} | {rules} | {fusions or 'none'} "
+                         + f"| {wrote} |")
     lines += ["", "Limits against the originals (max abs error under onnxruntime, seeded inputs):", ""]
     for res in results:
         if res.error is None:
@@ -410,7 +432,7 @@ def markdown(results: list[Result], args, elapsed_s: float) -> str:
         if res.error is not None:
             notes.append(f"{res.member}/{res.exporter}: {res.error}")
             continue
-        for var in res.variants.values():
+        for var in [*res.variants.values(), *res.xrl_at.values()]:
             if var.error is not None and var.error != "n/a":
                 notes.append(f"{res.member}/{res.exporter}: {var.name} FAILED: {var.error}")
     lines += ["", "Notes:", ""] + ([f"- {n}" for n in notes] or ["- none: every variant ran and matched the original"])
@@ -431,7 +453,7 @@ def write(results: list[Result], args, elapsed_s: float) -> str:
             writer.writeheader()
             for res in results:
                 for threads in args.threads:
-                    for var in res.variants.values():
+                    for var in {**res.variants, "xrl": res.xrl(threads)}.values():
                         t = res.timings.get(threads, {}).get(var.name)
                         status = "export failed" if res.error else ("n/a" if var.error == "n/a" else
                                                                     "FAILED" if var.error else "ok")
@@ -517,7 +539,7 @@ def run_combo(member: str, exporter: str, args, workdir: Path, bar) -> Result:
             res.timings[threads] = time_result(res, threads, args, bar)
         else:
             bar.update(args.rounds)
-    for var in res.variants.values():
+    for var in [*res.variants.values(), *res.xrl_at.values()]:
         if var.path is not None and var.path.parent == workdir:
             var.path.unlink(missing_ok=True)
     return res

@@ -134,6 +134,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measure-repeats", type=int, default=10, metavar="N",
                    help="timed runs per round of --measure (6 to 20 alternating rounds of the original, the "
                         "optimised model and an A/A copy of the original; default 10)")
+    p.add_argument("--threads", default="1", metavar="N|all",
+                   help="onnxruntime intra-op threads the model will run with (default 1; all: one per core, a plain "
+                        "InferenceSession's default): kernel costs, the guard and --measure time at it, since "
+                        "which rewrite pays depends on it")
     p.add_argument("--no-guard", dest="guard", action="store_false",
                    help="onnxruntime targets: skip the measured guard (by default the original, the pre-passes' "
                         "result and the search's best are timed end to end with an A/A control, and the fastest "
@@ -266,11 +270,27 @@ def measured_line(m: dict) -> str:
             f"{' (the same graph)' if m.get('identical') else ''} ({len(m['round_speedups'])} rounds: {rounds})")
 
 
+def parse_threads(text: str) -> int | None:
+    """--threads: a count of at least 1, or "all" (None: one per core)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        from xrl.errors import ConfigError
+
+        raise ConfigError(f"--threads takes a whole number of at least 1 or 'all', not {text!r}")
+    return threads
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from xrl.api import check_output_path, check_search_options, optimize
 
     # every option is checked before the model is built or read: a bad name must not cost a load
     check_search_options(args.search, args.prepass, args.target, args.cost)
+    threads = parse_threads(args.threads)
     loaded = load(args)
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
@@ -306,7 +326,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                    target=args.target, prepass=prepass,
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
                    search_options=options, measure=args.measure,
-                   measure_options={"repeats": args.measure_repeats}, guard=None if args.guard else False)
+                   measure_options={"repeats": args.measure_repeats}, guard=None if args.guard else False,
+                   threads=threads)
     # asked to measure, and the written model measured slower: say so in the exit code too
     status = 1 if args.measure and res.verdict == "slower" else 0
     if args.json:
@@ -331,8 +352,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         print(f"guard: nothing to time: {res.guard['reason']}")
     elif res.guard is not None:
         timed = ", ".join(res.guard["candidates"])
-        print(f"guard: timed the original, an A/A copy and {timed} end to end ({res.guard['rounds']} rounds, "
-              f"{res.guard['time_s']:.1f} s); {res.guard['reason']}")
+        at = "all threads" if res.threads is None else f"{res.threads} thread{'s' if res.threads != 1 else ''}"
+        print(f"guard: timed the original, an A/A copy and {timed} end to end at {at} ({res.guard['rounds']} "
+              f"rounds, {res.guard['time_s']:.1f} s); {res.guard['reason']}")
     elif res.target != "paper":
         print("guard: off (--no-guard): the written model was not measured against the original")
     if args.measure and res.guard is not None:  # every candidate the guard timed, with its interval

@@ -90,21 +90,42 @@ def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None
             return get_cost_model("analytic", device=tgt.device_profile if device in (None, "auto") else device,
                                   **options)
         options["target"] = tgt.name
-    cls = COST_MODELS.get(name)
-    if name == "target":
-        timing = target_timing(device, options.get("target"), options.pop("timing", None))
-        cls = MeasuredKernelCostModel if timing == "measured" else TargetCostModel
-    if cls is None:
-        raise ConfigError(f"unknown cost model {name!r}; choose one of: {', '.join(COST_MODELS)}")
+    cls = _cost_class(name, device, options.get("target"), options.pop("timing", None))
     if name == "analytic" and device in ("auto", "cuda"):
         device = _this_machine_profile(device)
-    params = inspect.signature(cls.__init__).parameters
-    accepted = [p for p, spec in params.items() if p != "self" and spec.kind is inspect.Parameter.KEYWORD_ONLY]
+    accepted = _keyword_options(cls)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         valid = ", ".join(p for p in accepted if p != "device") or "none"
         raise ConfigError(f"cost model {name!r} has no option {', '.join(map(repr, unknown))}; its options: {valid}")
     return cls(device=device, **options)
+
+
+def cost_model_options(name: str, *, device: str | None = None, target: str | None = None) -> list[str]:
+    """The options `get_cost_model(name, device=device, target=target, ...)` accepts (for "target", those of
+    the backend it resolves to: `threads` where kernels are measured, none where they are estimated)."""
+    if name in ("target", "roofline"):
+        tgt = get_target(target, device if isinstance(device, str) else None)
+        if tgt.runtime == "kernels":
+            return cost_model_options("analytic")
+        target = tgt.name
+    return [p for p in _keyword_options(_cost_class(name, device, target, None)) if p not in ("device", "target")]
+
+
+def _cost_class(name: str, device: str | DeviceProfile | None, target: str | None, timing: str | None
+                ) -> type[CostModel]:
+    cls = COST_MODELS.get(name)
+    if name == "target":
+        measured = target_timing(device, target, timing) == "measured"  # type: ignore[arg-type]
+        cls = MeasuredKernelCostModel if measured else TargetCostModel
+    if cls is None:
+        raise ConfigError(f"unknown cost model {name!r}; choose one of: {', '.join(COST_MODELS)}")
+    return cls
+
+
+def _keyword_options(cls: type[CostModel]) -> list[str]:
+    params = inspect.signature(cls.__init__).parameters
+    return [p for p, spec in params.items() if p != "self" and spec.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
 def _this_machine_profile(device: str) -> str:

@@ -83,7 +83,7 @@ class E2ECostModel(WholeGraphCostModel):
                           f"cost model for per-op timings")
 
     def describe(self) -> str:
-        threads = f", threads={self.threads}" if self.threads else ""
+        threads = f", threads={self.threads}" if self.threads else ", threads=all" if self.device == "cpu" else ""
         return f"{self.name}({self.engine}, {self.device}, {self.warmup}+{self.repeats} runs{threads})"
 
     # ----- timing -------------------------------------------------------------------------------
