@@ -5,8 +5,9 @@ torch exporter (TorchScript "ts", dynamo), the variants are: the exported origin
 session of the identical file: the noise floor); the peers onnxslim, onnx-simplifier, onnxruntime's
 transformers optimizer (transformer members only, opt_level 0) and onnxscript's `optimize_for_ort`; xrl
 (`xrl.api.optimize`, the default target, pre-passes and search, run once per thread count, `threads=` as
-`xrl optimize --threads`: its kernel costs and guard time the count its file is timed at); and the limit (the same network merged /
-re-parameterised in torch and exported the same way: `families.build_onnx(..., limit=True)`). Every
+`xrl optimize --threads`: its kernel costs and guard time the count its file is timed at); and the limit
+(the same network merged / re-parameterised in torch and exported the same way:
+`families.build_onnx(..., limit=True)`). Every
 variant's outputs are checked against the original's under onnxruntime (rtol 1e-3, atol 1e-4 x scale).
 
 Timing as experiments/bench_deploy.py: onnxruntime CPU, ORT_ENABLE_ALL, one thread and all threads;
@@ -406,7 +407,8 @@ def markdown(results: list[Result], args, elapsed_s: float) -> str:
         lines.append(f"| **geomean** | | {threads} | | " + " | ".join(gm) + " | | | | |")
     lines += ["", "Node counts of the files and what xrl did:", "",
               "| member | exporter | " + " | ".join(v for v in VARIANTS if v != "A/A")
-              + " | xrl pre-passes | xrl rules (count) | onnxscript fusions | xrl wrote (threads: the guard's choice) |",
+              + " | xrl pre-passes | xrl rules (count) | onnxscript fusions "
+              + "| xrl wrote (threads: the guard's choice) |",
               "|---|---|" + "---:|" * (len(VARIANTS) - 1) + "---|---|---|---|"]
     for res in results:
         if res.error is None:
