@@ -16,14 +16,16 @@ from xrl.errors import ConfigError
 
 
 def skip_layernorm_model(path: Path) -> Path:
-    """x + y under a LayerNormalization, with trained-looking scale and bias: onnxscript's
-    optimize_for_ort fuses it into SkipLayerNormalization; onnxslim leaves it."""
+    """x @ w + y under a LayerNormalization, with trained-looking weights: onnxscript's optimize_for_ort
+    fuses it into SkipLayerNormalization; a Transpose pair in front that undoes itself."""
     rng = np.random.default_rng(3)
     hidden = 64
     scale = numpy_helper.from_array((1.0 + 0.2 * rng.standard_normal(hidden)).astype(np.float32), "scale")
     bias = numpy_helper.from_array((0.1 * rng.standard_normal(hidden)).astype(np.float32), "bias")
     w = numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / 8).astype(np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),  # a pair xrl's rules remove
+             helper.make_node("Transpose", ["xt"], ["x1"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x1", "w"], ["h"]),
              helper.make_node("Add", ["h", "y"], ["s"]),
              helper.make_node("LayerNormalization", ["s", "scale", "bias"], ["z"], axis=-1, epsilon=1e-5)]
     graph = helper.make_graph(
@@ -76,6 +78,7 @@ def test_the_guard_times_onnxscripts_fusions_beside_the_target_pre_passes(measur
         return guard.GuardResult(chosen_label, "forced by the test", res.measured, res.rounds, res.time_s)
 
     monkeypatch.setattr(guard, "measure_guard", prefer_onnxscript)
+    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: None)
     out = tmp_path / "fused.onnx"
     res = api.optimize(str(src), output=out, time_limit=10)
     assert res.guard["chosen"] == chosen_label and res.verified
@@ -98,3 +101,33 @@ def test_an_explicit_pre_pass_list_adds_no_peer(measured_defaults, tmp_path: Pat
     res = api.optimize(str(src), prepass=["onnxslim"], time_limit=10)
     assert not any(r["name"] == "onnxscript" for r in res.prepasses)
     assert "pre-pass onnxscript" not in res.guard["candidates"]
+
+
+def test_where_the_pre_passes_measure_slower_the_search_runs_from_the_original_too(measured_defaults, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    import xrl.cost.guard as guard
+
+    src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
+    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: 0.9)
+    real = guard.measure_guard
+
+    def prefer_it(timer, original, candidates, **kw):  # noqa: ANN001 - the guard's own signature
+        res = real(timer, original, candidates, **kw)
+        return guard.GuardResult(api.SEARCH_FROM_ORIGINAL, "forced by the test", res.measured, res.rounds, res.time_s)
+
+    monkeypatch.setattr(guard, "measure_guard", prefer_it)
+    out = tmp_path / "o.onnx"
+    res = api.optimize(str(src), output=out, time_limit=10)
+    assert api.SEARCH_FROM_ORIGINAL in res.guard["candidates"] and res.verified
+    assert any("the search ran from both" in r["detail"] for r in res.prepasses if r["name"] == "(all)")
+    assert res.guard["chosen"] == api.SEARCH_FROM_ORIGINAL
+    # nothing of the pre-passes' (SkipLayerNormalization) in the file the search from the original wrote
+    assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
+
+
+def test_where_the_pre_passes_do_not_measure_slower_one_search_runs(measured_defaults, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
+    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: None)
+    res = api.optimize(str(src), time_limit=10)
+    assert api.SEARCH_FROM_ORIGINAL not in res.guard["candidates"]

@@ -135,7 +135,7 @@ def _session(model: onnx.ModelProto | Graph, providers: Sequence[str] | None, ro
     quiet_onnxruntime()
     so = ort.SessionOptions()
     so.intra_op_num_threads = os.cpu_count() or 1
-    so.log_severity_level = 3  # errors only
+    so.log_severity_level = 4  # fatal only: a kernel that fails reaches us as the exception, not a log line
     # a few runs on random inputs: packing the weights ahead of them would hold a second copy of every
     # MatMul's and Conv's weights for the session's life, for no gain
     so.add_session_config_entry("session.disable_prepacking", "1")
