@@ -176,14 +176,10 @@ def test_default_optimisation_of_a_small_member_verifies(member: str, exporter: 
 
 
 # What still stops a family from reaching its limit's graph (issue 23); empty when every representative reaches
-# it. lora_encoder reaches it with both exporters (merge_lowrank_flat_gemm*, then merge_flat_gemm_3_view packs
-# q/k/v in onnxslim's Reshape-Gemm-Reshape form); llama with the RMSNorm, SkipRMSNorm and rotary fusions.
-NOT_YET: dict[str, str] = {
-    "lora_encoder": "the merged limit's q/k/v and fc1 are MatMul+Add, which the transformers pre-pass (run first "
-                    "since attn_bert's Attention needs it) fuses into Attention (ts) and BiasGelu; the original's "
-                    "adapters sit between those MatMuls and Adds until xrl's search merges them, after the "
-                    "pre-passes, into onnxslim's Gemm form",
-}
+# it. lora_encoder reaches it with both exporters: its adapters are merged before the pre-passes
+# (xrl.search.exact_first), so onnxruntime's transformers optimizer fuses the same Attention and BiasGelu in
+# both; llama with the RMSNorm, SkipRMSNorm and rotary fusions.
+NOT_YET: dict[str, str] = {}
 LIMIT_CASES = [pytest.param(m, e, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[m])) if m in NOT_YET
                else (m, e) for m, e in XRL_CASES]
 

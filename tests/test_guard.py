@@ -212,7 +212,7 @@ def test_the_guard_times_the_pre_passes_result_even_where_the_estimate_drops_it(
     one of the guard's candidates (onnxruntime's Attention fusion, priced by its kernel alone, can read slower
     than the ops it replaces and measure faster)."""
     monkeypatch.setattr(api, "PREPASS_TOLERANCE", -1.0)  # every pre-pass result is "estimated slower"
-    res = api.optimize("lora_tiny", output=tmp_path / "t.onnx", prepass=("onnxslim",), search="none",
+    res = api.optimize("mlp", output=tmp_path / "t.onnx", prepass=("onnxslim",), search="none",
                        time_limit=60)
     dropped = [r for r in res.prepasses if r["name"] == "(all)"]
     assert dropped and dropped[0]["detail"].startswith("dropped: estimated slower")

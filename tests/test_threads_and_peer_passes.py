@@ -103,7 +103,7 @@ def test_an_explicit_pre_pass_list_adds_no_peer(measured_defaults, tmp_path: Pat
     assert "pre-pass onnxscript" not in res.guard["candidates"]
 
 
-def test_where_the_pre_passes_measure_slower_the_search_runs_from_the_original_too(measured_defaults, tmp_path: Path,
+def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(measured_defaults, tmp_path: Path,
                                                                                   monkeypatch) -> None:
     import xrl.cost.guard as guard
 
@@ -113,15 +113,16 @@ def test_where_the_pre_passes_measure_slower_the_search_runs_from_the_original_t
 
     def prefer_it(timer, original, candidates, **kw):  # noqa: ANN001 - the guard's own signature
         res = real(timer, original, candidates, **kw)
-        return guard.GuardResult(api.SEARCH_FROM_ORIGINAL, "forced by the test", res.measured, res.rounds, res.time_s)
+        return guard.GuardResult(api.SEARCH_WITHOUT_PREPASSES, "forced by the test", res.measured, res.rounds,
+                                 res.time_s)
 
     monkeypatch.setattr(guard, "measure_guard", prefer_it)
     out = tmp_path / "o.onnx"
     res = api.optimize(str(src), output=out, time_limit=10)
-    assert api.SEARCH_FROM_ORIGINAL in res.guard["candidates"] and res.verified
+    assert api.SEARCH_WITHOUT_PREPASSES in res.guard["candidates"] and res.verified
     assert any("the search ran from both" in r["detail"] for r in res.prepasses if r["name"] == "(all)")
-    assert res.guard["chosen"] == api.SEARCH_FROM_ORIGINAL
-    # nothing of the pre-passes' (SkipLayerNormalization) in the file the search from the original wrote
+    assert res.guard["chosen"] == api.SEARCH_WITHOUT_PREPASSES
+    # nothing of the pre-passes' (SkipLayerNormalization) in the file the search without them wrote
     assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
 
 
@@ -130,4 +131,41 @@ def test_where_the_pre_passes_do_not_measure_slower_one_search_runs(measured_def
     src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
     monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: None)
     res = api.optimize(str(src), time_limit=10)
-    assert api.SEARCH_FROM_ORIGINAL not in res.guard["candidates"]
+    assert api.SEARCH_WITHOUT_PREPASSES not in res.guard["candidates"]
+
+
+def test_a_start_identical_to_the_original_is_not_measured_slower() -> None:
+    from xrl.cost.base import CostModel
+
+    class Untimed(CostModel):
+        name = "untimed"
+
+        def _op_cost(self, node, graph):  # noqa: ANN001
+            raise AssertionError("nothing to time")
+
+    g = api.as_loaded("mlp").graph
+    assert api._measured_slower(g, g, Untimed(), rounds=3) is None
+
+
+def test_adapters_are_merged_before_the_pre_passes_and_counted_as_rewrites(tmp_path: Path) -> None:
+    """lora_mlp's adapters are merged first (xrl.search.exact_first); the pre-passes see the merged model."""
+    res = api.optimize("lora_mlp", output=tmp_path / "m.onnx", prepass=("onnxslim",), search="none")
+    merges = next(r for r in res.prepasses if r["name"] == "exact merges")
+    assert merges["applied"] and merges["nodes_after"] < merges["nodes_before"]
+    assert res.rewrites >= 1 and all(s.startswith("merge_lowrank_") for s in res.steps)
+    assert res.verified
+
+
+def test_without_pre_passes_nothing_is_merged_first() -> None:
+    res = api.optimize("lora_mlp", prepass=(), search="none")
+    assert res.rewrites == 0 and not res.prepasses
+
+
+def test_adapters_that_are_graph_inputs_are_not_merged_first() -> None:
+    from xrl.graphs import families as F
+
+    from xrl.frontends.onnx_io import from_onnx
+    from xrl.search.exact_first import merge_first
+
+    model = F.build_onnx("lora_server", "small", "ts")
+    assert merge_first(from_onnx(model)).steps == []

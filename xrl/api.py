@@ -223,19 +223,35 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
     chain = tgt.prepasses if prepass is None else tuple(prepass)
-    start, reports = _prepassed(loaded, original, chain, input_shapes, budget)
+    # Exact merges that only remove work (LoRA adapters into their layers' weights) come before the pre-passes:
+    # the peers' fusions match the merged model's plain MatMul+Add form (`xrl.search.exact_first`). `base` is
+    # what the pre-passes and the searches start from: the original, or the original with its adapters merged.
+    base, source, merged = loaded.graph, original, []
+    reports: list[dict[str, Any]] = []
+    if chain:
+        from xrl.search.exact_first import merge_first
+
+        first = merge_first(loaded.graph)
+        if first.steps:
+            base, merged = first.graph.validate(), list(first.steps)
+            source = to_onnx(base)
+            reports.append({"name": "exact merges", "applied": True, "nodes_before": len(loaded.graph),
+                            "nodes_after": len(base), "detail": f"{len(merged)} low-rank adapters merged into their "
+                            f"layers' weights before the pre-passes"})
+    start, chain_reports = _prepassed(base, source, chain, input_shapes, budget)
+    reports += chain_reports
     # The peers' own passes the target's chain leaves out (onnxscript's fusions), run alone: the guard times
     # their result beside the others, so what is written is never behind a peer the measurement prefers
     # (onnxscript's fused attention pays on all threads and not on one: the measurement decides)
     peers: list[tuple[str, Graph]] = []
     if prepass is None and _guard_on(guard, tgt, device) and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES:
         for name in (p for p in GUARD_PEER_PASSES if p not in chain):
-            peer, peer_reports = _prepassed(loaded, original, (name,), input_shapes, budget)  # a budget of its own
+            peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
             reports += [{**r, "detail": f"{r['detail']}; a candidate the guard times (not searched from)"}
                         for r in peer_reports]
-            if peer is not loaded.graph:
+            if peer is not base:
                 peers.append((f"pre-pass {name}", peer))
-    del original
+    del original, source
     trim_heap()
     # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
     # no second copy of them held while its session runs
@@ -250,15 +266,16 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
     prepassed = start
     # within the estimate's resolution (a bias read as a Gemm input or an Add's) the peers' form is kept
-    if start is not loaded.graph and cost_model.cost(start) > original_cost * (1 + PREPASS_TOLERANCE):
-        reports.append({"name": "(all)", "applied": False, "detail": "dropped: estimated slower than the original"})
-        start = loaded.graph
+    if start is not base and cost_model.cost(start) > cost_model.cost(base) * (1 + PREPASS_TOLERANCE):
+        reports.append({"name": "(all)", "applied": False,
+                        "detail": "dropped: estimated slower than what they were given"})
+        start = base
     # The estimate proposes the pre-passes' result as the start; the machine decides. Where it measures slower
-    # than the original (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the search runs
-    # from the original too, and the guard times both results.
+    # than what they were given (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the
+    # search runs without them too, and the guard times both results.
     guarded = _guard_on(guard, tgt, device)
-    pre_slower = (_measured_slower(start, loaded.graph, _guard_timer(tgt, threads, measure_options), measure_rounds)
-                  if guarded and start is not loaded.graph else None)
+    pre_slower = (_measured_slower(start, base, _guard_timer(tgt, threads, measure_options), measure_rounds)
+                  if guarded and start is not base else None)
     if time_limit is not None and time_limit != float("inf"):
         time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
     if hasattr(cost_model, "deadline"):  # kernels not yet timed when the search's time is up: the scaled roofline
@@ -271,25 +288,26 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         weights: dict = {}
         exported = to_onnx(best, external=weights)
         check = compare_models(ref, exported, external=weights)
-        if check.ok or start is loaded.graph:
+        if check.ok or start is base:
             break
-        # a pre-pass changed what the model computes (beyond float32 tolerance): search from the original
+        # a pre-pass changed what the model computes (beyond float32 tolerance): search without them
         reports.append({"name": "(all)", "applied": False, "detail": f"dropped: failed verification ({check.detail})"})
-        start = loaded.graph
+        start = base
+    outcome.steps = [*merged, *outcome.steps]
     searched_too = []  # (guard candidate, its graph, its rewrites): more searches' results for the guard
-    if pre_slower is not None and start is not loaded.graph:
+    if pre_slower is not None and start is not base:
         reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(start),
                         "detail": f"measured {pre_slower:.3f}x the original: the search ran from both"})
         if hasattr(cost_model, "deadline"):
             cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
-        too = run_search(search, loaded.graph, cost_model, seed=seed, steps=steps, time_limit=time_limit,
+        too = run_search(search, base, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                          options=search_options or {})
         too_graph = too.graph.validate()
         too_weights: dict = {}
         too_export = to_onnx(too_graph, external=too_weights)
         if compare_models(ref, too_export, external=too_weights).ok:
-            searched_too.append((GuardCandidate(SEARCH_FROM_ORIGINAL, from_onnx(
-                too_export, name=loaded.graph.name, external=too_weights)), too_graph, list(too.steps)))
+            searched_too.append((GuardCandidate(SEARCH_WITHOUT_PREPASSES, from_onnx(
+                too_export, name=loaded.graph.name, external=too_weights)), too_graph, [*merged, *too.steps]))
         del too_export, too_weights
     elapsed = time.perf_counter() - t0
     # What is reported is the file: its cost is that of the exported model read back, never the search's.
@@ -308,7 +326,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         # each candidate with the graph its file is exported from: the candidates share the weights they
         # did not change (export and import pass the arrays, not copies)
         candidates = []
-        if prepassed is not loaded.graph:
+        if prepassed is not base:
             pre_weights: dict = {}
             pre_export = to_onnx(prepassed, external=pre_weights)
             if compare_models(ref, pre_export, external=pre_weights).ok:
@@ -325,7 +343,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             del peer_export, peer_weights
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
                                             loaded, ref)
-        searched_too += [alternative] if alternative is not None else []
+        if alternative is not None:
+            searched_too.append((*alternative[:2], [*merged, *alternative[2]]))
         candidates += [(c, g) for c, g, _ in searched_too]
         timer = _guard_timer(tgt, threads, measure_options)
         opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
@@ -351,7 +370,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         elif chosen[0].label == "pre-pass":
             weights = {}
             written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
-            outcome = SearchResult(graph=prepassed, details=outcome.details)
+            outcome = SearchResult(graph=prepassed, steps=merged, details=outcome.details)
             if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so
                 reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes,
                                 "nodes_after": len(prepassed),
@@ -359,8 +378,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         elif chosen[0].label.startswith("pre-pass "):  # a peer's pass alone
             weights = {}
             written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
-            outcome = SearchResult(graph=chosen[1], details=outcome.details)
-        else:  # another search's result: the roofline's, or the search from the original
+            outcome = SearchResult(graph=chosen[1], steps=merged, details=outcome.details)
+        else:  # another search's result: the roofline's, or the search without the pre-passes
             weights = {}
             written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
             rewrites = next(r for c, _, r in searched_too if c.label == chosen[0].label)
@@ -399,7 +418,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
 
 GUARD_ENV = "XRL_GUARD"
-SEARCH_FROM_ORIGINAL = "search from the original"  # the guard's label for it (when the pre-passes measure slower)
+SEARCH_WITHOUT_PREPASSES = "search without the pre-passes"  # the guard's label for it (where they measure slower)
 # pre-passes run alone, beside the target's chain, for the guard to time (where the chain leaves them out)
 GUARD_PEER_PASSES = ("onnxscript",)
 # ... on models up to this many bytes of weights: each result held until the guard is another copy of them
@@ -450,8 +469,9 @@ def _measured_slower(graph: Graph, original: Graph, timer: CostModel, rounds: in
     """`graph`'s measured speed-up over `original` where it measures slower (beyond the A/A noise), else None."""
     from xrl.cost.guard import GuardCandidate, measure_guard
 
-    m = measure_guard(timer, original, [GuardCandidate("it", graph)], rounds=rounds, max_rounds=rounds).measured["it"]
-    return m.speedup if m.verdict == "slower" else None
+    g = measure_guard(timer, original, [GuardCandidate("it", graph)], rounds=rounds, max_rounds=rounds)
+    m = g.measured.get("it")  # absent where the graph is the original's computation (nothing to time)
+    return m.speedup if m is not None and m.verdict == "slower" else None
 
 
 def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
@@ -470,22 +490,22 @@ def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
     return target_timing(device, tgt.name) == "measured"
 
 
-def _prepassed(loaded: LoadedModel, original: onnx.ModelProto, names: Sequence[str],
+def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
                input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
                ) -> tuple[Graph, list[dict[str, Any]]]:
-    """The IR graph the search starts from: the model after the pre-passes (`xrl.frontends.prepass`),
-    or the loaded graph itself when none applies."""
+    """The IR graph the search starts from: `model` (whose IR graph is `base`) after the pre-passes
+    (`xrl.frontends.prepass`), or `base` itself when none applies."""
     if not names:
-        return loaded.graph, []
+        return base, []
     from xrl.frontends.onnx_io import from_onnx
     from xrl.frontends.prepass import run_prepasses
 
     imported: dict[int, Graph] = {}  # each accepted pass's model is imported once, by the check
 
     def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
-        imported[id(m)] = from_onnx(m, input_shapes, name=loaded.graph.name).validate()
+        imported[id(m)] = from_onnx(m, input_shapes, name=base.name).validate()
 
-    out, reports = run_prepasses(original, names, check=importable, time_limit=time_limit)
+    out, reports = run_prepasses(model, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
-        return loaded.graph, [r.to_json() for r in reports]
+        return base, [r.to_json() for r in reports]
     return imported[id(out)], [r.to_json() for r in reports]
