@@ -9,8 +9,9 @@ written again):
                       embedding fusions into the contrib ops the CPU and CUDA providers execute.
                       It needs a model type; xrl tries bert and gpt2 and keeps the one that fuses most.
     onnxscript        onnxscript's `optimize_for_ort` (the `bench` extra): RMSNorm, SkipRMSNorm, rotary
-                      embedding, attention and GQA fusions into onnxruntime's contrib ops. Not a default
-                      of any target; ask for it by name (`--prepass onnxslim,onnxscript`). Its output is
+                      embedding, attention and GQA fusions into onnxruntime's contrib ops. Not in any
+                      target's chain (`--prepass onnxslim,onnxscript` asks for it), but the guard times its
+                      result alone (`xrl.api.GUARD_PEER_PASSES`). Its output is
                       run against its input in onnxruntime before it is kept: on some models it writes a
                       node onnxruntime rejects (a MultiHeadAttention it cannot load), and such a result
                       is a dropped pass, not an error.
