@@ -265,3 +265,28 @@ def test_lora_decoders_default_optimisation_reaches_the_limit_up_to_the_prepass_
     _, limit = _optimize(optimized, "lora_decoder", exporter, limit=True)
     assert result.verified and result.max_abs_err < 1e-3
     assert unfused(model) == unfused(limit), (_histogram(model), _histogram(limit))
+
+
+def _adapter_paths(model: onnx.ModelProto) -> Counter:
+    """For each adapter input (a multi-LoRA server's `lora_*`), the op types two steps downstream of it."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    out: Counter = Counter()
+    for value in (i.name for i in model.graph.input if i.name.startswith("lora_")):
+        for first in consumers.get(value, []):
+            for second in (c for o in first.output for c in consumers.get(o, [])):
+                out[(value, first.op_type, second.op_type)] += 1
+    return out
+
+
+def test_the_default_optimisation_changes_nothing_adapters_as_inputs_touch() -> None:
+    """Issue 23: where adapters are graph inputs (one request's adapter each), nothing may merge them; the
+    default optimisation (pre-passes, exact merges, search) leaves every adapter's products as they were."""
+    from xrl.api import optimize
+
+    model = graphs.build("fam_lora_server_ts")
+    res = optimize(model, time_limit=60)
+    assert res.verified and not any(s.startswith("merge_lowrank") for s in res.steps)
+    assert _adapter_paths(res.model) == _adapter_paths(model) != Counter()
