@@ -130,11 +130,3 @@ def test_policy_names_resolve_to_the_shipped_policies_and_paths_stay_paths(tmp_p
 
     with pytest.raises(PolicyNotFound, match="not a shipped policy .*expert"):
         resolve_policy_path("nosuch")
-
-
-def test_each_target_gets_the_policy_trained_for_it_when_none_is_named():
-    from xrl.rl.checkpoint import default_policy_path, resolve_policy_path
-
-    assert resolve_policy_path(None, "ort-cpu").name == "expert.pt"
-    assert resolve_policy_path(None, "paper") == resolve_policy_path(None, "ort-cuda") == default_policy_path()
-    assert resolve_policy_path("default", "ort-cpu") == default_policy_path()  # a named policy is that one

@@ -112,9 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="rewrite budget (random: steps taken; greedy/rl: at most)")
     p.add_argument("--time-limit", type=float, help="seconds the search may take")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policy", help="policy checkpoint for --search rl, or a shipped policy's name: expert "
-                   "(expert iteration on ort-cpu's measured kernels: ort-cpu's default) or default (PPO under the "
-                   "analytic cost: every other target's)")
+    p.add_argument("--policy", help="policy checkpoint for --search rl, or a shipped policy's name: default "
+                   "(the default), expert (expert iteration for ort-cpu)")
     p.add_argument("--rl-mode", choices=("guided", "argmax"),
                    help="--search rl: guided (default: the argmax rollout, then a beam over the policy's prior ranked "
                         "by its value head, within 60 s or --time-limit) or argmax (the policy's own choice each step)")

@@ -16,17 +16,9 @@ class PolicyNotFound(XrlError):
 MISSING_HINT = "train one with `xrl train`, or omit --policy to use the shipped one"
 
 
-# The shipped policy `--search rl` uses for a target when no --policy is given: the one trained for it.
-# ort-cpu's is expert iteration's (expert.pt: graphs only, the value head on measured kernel costs, 16 min of
-# training; experiments/train_default_policy.py --recipe expert), ahead of default.pt on the held-out graphs
-# at every budget up to 10 s (docs/results.md, the ablation table). Every other target: default.pt (PPO under
-# the analytic cost model, the research setting's).
-TARGET_POLICIES = {"ort-cpu": "expert"}
-
-
-def default_policy_path(target: str | None = None) -> Path:
-    """The shipped policy for `target` (TARGET_POLICIES; None and any other target: default.pt)."""
-    return shipped_policy_path(TARGET_POLICIES.get(target or "", "default"))
+def default_policy_path() -> Path:
+    """The policy shipped with xrl (trained on the built-in suite under the analytic cost model)."""
+    return shipped_policy_path("default")
 
 
 def shipped_policy_path(name: str) -> Path:
@@ -39,11 +31,11 @@ def shipped_policy_names() -> list[str]:
     return sorted(p.stem for p in shipped_policy_path("default").parent.glob("*.pt"))
 
 
-def resolve_policy_path(policy: str | Path | None, target: str | None = None) -> Path:
-    """`--policy` as a user writes it: None is the shipped policy for `target`; a bare name that is not a
-    file here (`default`, `expert`) is one of the policies shipped in xrl/policies; anything else is a path."""
+def resolve_policy_path(policy: str | Path | None) -> Path:
+    """`--policy` as a user writes it: None is the shipped default; a bare name that is not a file here
+    (`default`, `expert`) is one of the policies shipped in xrl/policies; anything else is a path."""
     if policy is None:
-        return default_policy_path(target)
+        return default_policy_path()
     text = str(policy)
     if Path(text).exists() or "/" in text or "\\" in text or text.endswith((".pt", ".onnx")):
         return Path(text)
@@ -53,9 +45,9 @@ def resolve_policy_path(policy: str | Path | None, target: str | None = None) ->
                          f"(shipped: {', '.join(shipped_policy_names())})")
 
 
-def existing_policy_path(policy: str | Path | None, target: str | None = None) -> Path:
+def existing_policy_path(policy: str | Path | None) -> Path:
     """`resolve_policy_path`, and the file must be there: checked before any work, without torch."""
-    path = resolve_policy_path(policy, target)
+    path = resolve_policy_path(policy)
     if not path.is_file():
         raise PolicyNotFound(f"{path}: no such policy checkpoint ({MISSING_HINT})")
     return path

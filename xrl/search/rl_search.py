@@ -65,8 +65,7 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
     from xrl.rl.policy_files import existing_policy_path  # no torch: a wrong --policy is refused before any work
 
-    target = getattr(getattr(cost_model, "target", None), "name", None)  # the cost's target: its policy
-    path = existing_policy_path(policy, target)
+    path = existing_policy_path(policy)
     t0, incumbent = time.perf_counter(), None
     given = [t for t in (time_limit, budget) if t is not None]
     anchored = mode == "guided" and (stop if anchor is None else anchor)
