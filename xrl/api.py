@@ -222,36 +222,11 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     original_head, original_weights = split_model(original, like=loaded.graph.initializers)
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
-    chain = tgt.prepasses if prepass is None else tuple(prepass)
-    # Exact merges that only remove work (LoRA adapters into their layers' weights) come before the pre-passes:
-    # the peers' fusions match the merged model's plain MatMul+Add form (`xrl.search.exact_first`). `base` is
-    # what the pre-passes and the searches start from: the original, or the original with its adapters merged.
-    base, source, merged = loaded.graph, original, []
-    reports: list[dict[str, Any]] = []
-    if chain:
-        from xrl.search.exact_first import merge_first
-
-        first = merge_first(loaded.graph)
-        if first.steps:
-            base, merged = first.graph.validate(), list(first.steps)
-            source = to_onnx(base)
-            reports.append({"name": "exact merges", "applied": True, "nodes_before": len(loaded.graph),
-                            "nodes_after": len(base), "detail": f"{len(merged)} low-rank adapters merged into their "
-                            f"layers' weights before the pre-passes"})
-    start, chain_reports = _prepassed(base, source, chain, input_shapes, budget)
-    reports += chain_reports
-    # The peers' passes, each alone (onnxscript's fusions, which the target's chain leaves out, too): the guard
-    # times their results beside the others, so what is written is never behind a peer the measurement prefers
-    # (onnxscript's fused attention pays on all threads and not on one: the measurement decides)
-    peers: list[tuple[str, Graph]] = []
-    if prepass is None and _guard_on(guard, tgt, device) and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES:
-        for name in (p for p in GUARD_PEER_PASSES if (p,) != tuple(chain)):
-            peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
-            reports += [{**r, "detail": f"{r['detail']}; a candidate the guard times (not searched from)"}
-                        for r in peer_reports]
-            if peer is not base:
-                peers.append((f"pre-pass {name}", peer))
-    del original, source
+    guarded = _guard_on(guard, tgt, device)
+    peers_wanted = prepass is None and guarded and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES
+    base, merged, start, reports, peers = _starts(loaded.graph, original, tgt.prepasses if prepass is None
+                                                  else tuple(prepass), peers_wanted, input_shapes, budget)
+    del original
     trim_heap()
     # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
     # no second copy of them held while its session runs
@@ -273,7 +248,6 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # The estimate proposes the pre-passes' result as the start; the machine decides. Where it measures slower
     # than what they were given (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the
     # search runs without them too, and the guard times both results.
-    guarded = _guard_on(guard, tgt, device)
     pre_slower = (_measured_slower(start, base, _guard_timer(tgt, threads, measure_options), measure_rounds)
                   if guarded and start is not base else None)
     if time_limit is not None and time_limit != float("inf"):
@@ -297,18 +271,15 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     searched_too = []  # (guard candidate, its graph, its rewrites): more searches' results for the guard
     if pre_slower is not None and start is not base:
         reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(start),
-                        "detail": f"measured {pre_slower:.3f}x the original: the search ran from both"})
+                        "detail": f"measured {pre_slower:.3f}x what they were given: the search ran from both"})
         if hasattr(cost_model, "deadline"):
             cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
         too = run_search(search, base, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                          options=search_options or {})
         too_graph = too.graph.validate()
-        too_weights: dict = {}
-        too_export = to_onnx(too_graph, external=too_weights)
-        if compare_models(ref, too_export, external=too_weights).ok:
-            searched_too.append((GuardCandidate(SEARCH_WITHOUT_PREPASSES, from_onnx(
-                too_export, name=loaded.graph.name, external=too_weights)), too_graph, [*merged, *too.steps]))
-        del too_export, too_weights
+        candidate = _verified_candidate(SEARCH_WITHOUT_PREPASSES, too_graph, ref)
+        if candidate is not None:
+            searched_too.append((candidate, too_graph, [*merged, *too.steps]))
     elapsed = time.perf_counter() - t0
     # What is reported is the file: its cost is that of the exported model read back, never the search's.
     # The research target's fused kernels exist only in the IR (export lowers them back to plain ops):
@@ -326,23 +297,13 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         # each candidate with the graph its file is exported from: the candidates share the weights they
         # did not change (export and import pass the arrays, not copies)
         candidates = []
-        if prepassed is not base:
-            pre_weights: dict = {}
-            pre_export = to_onnx(prepassed, external=pre_weights)
-            if compare_models(ref, pre_export, external=pre_weights).ok:
-                candidates.append((GuardCandidate("pre-pass", from_onnx(pre_export, name=loaded.graph.name,
-                                                                        external=pre_weights)), prepassed))
-            del pre_export, pre_weights
-        candidates.append((GuardCandidate("search", written), best))
-        for label, peer in peers:
-            peer_weights: dict = {}
-            peer_export = to_onnx(peer, external=peer_weights)
-            if compare_models(ref, peer_export, external=peer_weights).ok:
-                candidates.append((GuardCandidate(label, from_onnx(peer_export, name=loaded.graph.name,
-                                                                   external=peer_weights)), peer))
-            del peer_export, peer_weights
-        alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit,
-                                            loaded, ref)
+        for label, graph in ([("pre-pass", prepassed)] if prepassed is not base else []) + peers:
+            candidate = _verified_candidate(label, graph, ref)
+            if candidate is not None:
+                candidates.append((candidate, graph))
+        candidates.insert(1 if candidates and candidates[0][0].label == "pre-pass" else 0,
+                          (GuardCandidate("search", written), best))
+        alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit, ref)
         if alternative is not None:
             searched_too.append((*alternative[:2], [*merged, *alternative[2]]))
         candidates += [(c, g) for c, g, _ in searched_too]
@@ -436,29 +397,73 @@ ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
 
 
 def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt: Any, device: str | None, seed: int,
-                          steps: int | None, time_limit: float | None, loaded: LoadedModel, ref: Any) -> Any:
+                          steps: int | None, time_limit: float | None, ref: Any) -> Any:
     """A second candidate for the guard when a search registered with `roofline_alternative` (greedy, the
     default) ran under measured kernel costs: the same search under the same kernels' roofline. Neither
     estimate ranks every rewrite as the machine does
     (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
     some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
     Returns (candidate, the graph its ONNX model is exported from, its rewrites), or None."""
-    from xrl.cost.guard import GuardCandidate
     from xrl.cost.kernel_measured import MeasuredKernelCostModel
-    from xrl.frontends.onnx_io import from_onnx, to_onnx
-    from xrl.frontends.verify import compare_models
 
     if not get_search(search).roofline_alternative or not isinstance(cost_model, MeasuredKernelCostModel):
         return None
     roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
     outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
     best = outcome.graph.validate()
-    weights: dict = {}
-    exported = to_onnx(best, external=weights)
-    if not compare_models(ref, exported, external=weights).ok:  # `ref`: the original's outputs (reference_run)
+    candidate = _verified_candidate(roofline_label(search), best, ref)
+    return None if candidate is None else (candidate, best, list(outcome.steps))
+
+
+def _verified_candidate(label: str, graph: Graph, ref: Any) -> Any:
+    """A guard candidate of `graph`: its exported file read back (what would be written is what is timed),
+    or None where that file does not compute what the original does (`ref`: the original's outputs)."""
+    from xrl.cost.guard import GuardCandidate
+    from xrl.frontends.onnx_io import from_onnx, to_onnx
+    from xrl.frontends.verify import compare_models
+
+    weights: dict = {}  # the file's weights: the graph's own arrays, not copies
+    exported = to_onnx(graph, external=weights)
+    if not compare_models(ref, exported, external=weights).ok:
         return None
-    candidate = GuardCandidate(roofline_label(search), from_onnx(exported, name=loaded.graph.name, external=weights))
-    return candidate, best, list(outcome.steps)
+    return GuardCandidate(label, from_onnx(exported, name=graph.name, external=weights))
+
+
+def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[str], peers_wanted: bool,
+            input_shapes: Mapping[str, Sequence[int]] | None, budget: float) -> tuple:
+    """Where the searches start, and the guard's peer candidates: (base, merged, start, reports, peers).
+
+    Exact merges that only remove work (LoRA adapters into their layers' weights) come before the pre-passes,
+    whose fusions match the merged model's plain MatMul+Add form (`xrl.search.exact_first`): `base` is the
+    original with its adapters merged (`merged`: those rewrites), or the original. `start` is `base` after the
+    target's chain of pre-passes. With `peers_wanted`, the peers' passes each run alone too (onnxscript's,
+    which the chain leaves out, and each of the chain's): `peers` are their results, (label, graph), which the
+    guard times beside the others, so what is written is never behind a peer the measurement prefers
+    (onnxscript's fused attention pays on all threads and not on one)."""
+    from xrl.frontends.onnx_io import to_onnx
+
+    base, source, merged = original_graph, original, []
+    reports: list[dict[str, Any]] = []
+    if chain:
+        from xrl.search.exact_first import merge_first
+
+        first = merge_first(original_graph)
+        if first.steps:
+            base, merged = first.graph.validate(), list(first.steps)
+            source = to_onnx(base)
+            reports.append({"name": "exact merges", "applied": True, "nodes_before": len(original_graph),
+                            "nodes_after": len(base), "detail": f"{len(merged)} low-rank adapters merged into their "
+                            f"layers' weights before the pre-passes"})
+    start, chain_reports = _prepassed(base, source, chain, input_shapes, budget)
+    reports += chain_reports
+    peers: list[tuple[str, Graph]] = []
+    for name in (p for p in GUARD_PEER_PASSES if (p,) != tuple(chain)) if peers_wanted else ():
+        peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
+        reports += [{**r, "detail": f"{r['detail']}; a candidate the guard times (not searched from)"}
+                    for r in peer_reports]
+        if peer is not base:
+            peers.append((f"pre-pass {name}", peer))
+    return base, merged, start, reports, peers
 
 
 def _guard_timer(tgt: Any, threads: int | None, measure_options: Mapping[str, Any] | None) -> CostModel:
