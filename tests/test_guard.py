@@ -217,3 +217,15 @@ def test_the_guard_times_the_pre_passes_result_even_where_the_estimate_drops_it(
     dropped = [r for r in res.prepasses if r["name"] == "(all)"]
     assert dropped and dropped[0]["detail"].startswith("dropped: estimated slower")
     assert "pre-pass" in res.guard["estimated_speedups"]
+
+
+def test_a_candidate_clearly_behind_the_leader_stops_being_timed() -> None:
+    """Racing: once the rounds the guard must take are done, a candidate whose whole interval is below the
+    leader's is no longer timed; the leader, the original and the A/A copy are timed to the end."""
+    timer = FakeTimer({"original": 1.0, "lead": 0.8, "behind": 1.5}, noise=0.04)
+    res = measure_guard(timer, chain("original", 3), [GuardCandidate("lead", chain("lead", 2)),
+                                                       GuardCandidate("behind", chain("behind", 4))],
+                        rounds=6, max_rounds=20)
+    assert res.chosen == "lead" and res.rounds > 6  # noise 4%: more rounds than the first 6
+    assert len(res.measured["behind"].round_speedups) == 6 < len(res.measured["lead"].round_speedups) == res.rounds
+    assert res.measured["behind"].verdict == "slower"
