@@ -462,8 +462,8 @@ def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[st
     changed = {r["name"] for r in chain_reports if r["applied"]}
     for name in (p for p in GUARD_PEER_PASSES if not (changed <= {p} and p in chain)) if peers_wanted else ():
         peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
-        reports += [{**r, "detail": f"{r['detail']}; a candidate the guard times (not searched from)"}
-                    for r in peer_reports]
+        reports += [{**r, "detail": "; ".join(d for d in (r["detail"], "a candidate the guard times (not searched "
+                                                            "from)") if d)} for r in peer_reports]
         if peer is not base:
             peers.append((f"pre-pass {name}", peer))
     return base, merged, start, reports, peers
