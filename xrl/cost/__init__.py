@@ -83,16 +83,7 @@ def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None
 
     Raises ConfigError for an unknown name or an option the backend does not take.
     """
-    if name in ("target", "roofline"):
-        tgt = get_target(target, device if isinstance(device, str) else None)
-        if tgt.runtime == "kernels":
-            options.pop("timing", None)
-            return get_cost_model("analytic", device=tgt.device_profile if device in (None, "auto") else device,
-                                  **options)
-        options["target"] = tgt.name
-    cls = _cost_class(name, device, options.get("target"), options.pop("timing", None))
-    if name == "analytic" and device in ("auto", "cuda"):
-        device = _this_machine_profile(device)
+    name, cls, device, options = _backend(name, device, target, options)
     accepted = _keyword_options(cls)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -104,12 +95,25 @@ def get_cost_model(name: str = "analytic", *, device: str | DeviceProfile | None
 def cost_model_options(name: str, *, device: str | None = None, target: str | None = None) -> list[str]:
     """The options `get_cost_model(name, device=device, target=target, ...)` accepts (for "target", those of
     the backend it resolves to: `threads` where kernels are measured, none where they are estimated)."""
+    _, cls, _, _ = _backend(name, device, target, {})
+    return [p for p in _keyword_options(cls) if p not in ("device", "target")]
+
+
+def _backend(name: str, device: str | DeviceProfile | None, target: str | None, options: dict[str, Any]
+             ) -> tuple[str, type[CostModel], str | DeviceProfile | None, dict[str, Any]]:
+    """What `get_cost_model` builds: the backend's name, its class, its device and its options (`target` filled
+    in, `timing` taken); "target" and "roofline" under a target whose every op is a kernel are "analytic"."""
+    options = dict(options)
     if name in ("target", "roofline"):
         tgt = get_target(target, device if isinstance(device, str) else None)
         if tgt.runtime == "kernels":
-            return cost_model_options("analytic")
-        target = tgt.name
-    return [p for p in _keyword_options(_cost_class(name, device, target, None)) if p not in ("device", "target")]
+            options.pop("timing", None)
+            return _backend("analytic", tgt.device_profile if device in (None, "auto") else device, None, options)
+        options["target"] = tgt.name
+    cls = _cost_class(name, device, options.get("target"), options.pop("timing", None))
+    if name == "analytic" and device in ("auto", "cuda"):
+        device = _this_machine_profile(device)
+    return name, cls, device, options
 
 
 def _cost_class(name: str, device: str | DeviceProfile | None, target: str | None, timing: str | None
