@@ -221,7 +221,7 @@ def prepare(member: str, exporter: str, args, workdir: Path, bar) -> Result:
         src = families.cached_export(member, args.size, exporter, args.cache, seed=args.seed)
         lim = families.cached_export(member, args.size, exporter, args.cache, seed=args.seed, limit=True)
     except Exception as exc:
-        bar.update(len(VARIANTS))
+        bar.update(len(VARIANTS) + len(args.threads) - 1)
         return Result(member, exporter, variants, error=f"{exporter} export failed: {one_line(exc)}")
     res = Result(member, exporter, variants, limit_kind=families.limit_kind(member))
     variants["original"].path = variants["A/A"].path = src
@@ -241,7 +241,7 @@ def prepare(member: str, exporter: str, args, workdir: Path, bar) -> Result:
         "onnxscript-ort": lambda dst: variants["onnxscript-ort"].extra.update(make_onnxscript_ort(src, dst)),
     }
     makers.update({f"xrl@{t}": xrl_maker(var, t) for t, var in res.xrl_at.items()})
-    bar.update(3 - len(res.xrl_at))  # the progress total counts one xrl
+    bar.update(3)
     for name, make in makers.items():
         bar.set_description(f"{member}/{exporter}: {name}")
         var = res.xrl_at[name[4:]] if name.startswith("xrl@") else variants[name]
@@ -599,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     combos = [(m, e) for m in args.members for e in args.exporters]
     started = time.perf_counter()
     results: list[Result] = []
-    total = len(combos) * (len(VARIANTS) + len(args.threads) * args.rounds)
+    # per member: each variant made (xrl once per thread count) and each round of each thread count
+    total = len(combos) * (len(VARIANTS) + len(args.threads) - 1 + len(args.threads) * args.rounds)
     with tempfile.TemporaryDirectory(prefix="bench_families-") as tmp, \
             tqdm(total=total, file=sys.stderr, dynamic_ncols=True) as bar:
         for member, exporter in combos:
