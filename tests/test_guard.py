@@ -34,8 +34,8 @@ def test_choose_never_writes_a_slower_candidate() -> None:
     assert choose({"search": slow, "pre-pass": fast})[0] == "pre-pass"
     faster = speedup(1.20, 1.21, 1.19, 1.20, 1.22, 1.20)
     assert choose({"pre-pass": fast, "search": faster})[0] == "search"
-    # within noise but above 1: the fastest measured; below 1 within noise: the original (1.0) is faster
-    assert choose({"search": speedup(1.004, 0.998, 1.003, 1.001, 1.0, 1.002)})[0] == "search"
+    # within noise, above 1 or below: not measurably faster, so the original is written (issue 35 item 6)
+    assert choose({"search": speedup(1.004, 0.998, 1.003, 1.001, 1.0, 1.002)})[0] == ORIGINAL
     assert choose({"search": speedup(0.996, 1.002, 0.997, 0.999, 1.0, 0.998)})[0] == ORIGINAL
 
 
@@ -154,7 +154,9 @@ def test_a_search_result_measured_slower_is_never_written(monkeypatch, measured_
     assert res.guard["candidates"]["search"]["verdict"] == "slower"
     written = onnx.load(out)
     assert [n.op_type for n in written.graph.node] == ["MatMul", "Add", "Relu"]  # the input's own graph
-    assert res.rewrites == 0 and res.verdict == "within noise" and res.measured_speedup == 1.0
+    # the original's interval is the A/A control's: its verdict says whether this run could resolve 3%
+    assert res.rewrites == 0 and res.verdict in ("within noise", "too noisy to tell") and res.measured_speedup == 1.0
+    assert res.measured_interval == res.guard["control_interval95"]
     # without the guard the slow result is written, and the report says it is unmeasured
     res = api.optimize(str(src), output=tmp_path / "unguarded.onnx", prepass=(), guard=False)
     assert res.guard is None and res.verdict is None and res.rewrites == 1
@@ -222,10 +224,12 @@ def test_the_guard_times_the_pre_passes_result_even_where_the_estimate_drops_it(
 def test_a_candidate_clearly_behind_the_leader_stops_being_timed() -> None:
     """Racing: once the rounds the guard must take are done, a candidate whose whole interval is below the
     leader's is no longer timed; the leader, the original and the A/A copy are timed to the end."""
-    timer = FakeTimer({"original": 1.0, "lead": 0.8, "behind": 1.5}, noise=0.04)
+    # two leaders too close to tell apart, so the decision is not settled before the first 6 rounds
+    timer = FakeTimer({"original": 1.0, "lead": 0.8, "second": 0.805, "behind": 1.5}, noise=0.04)
     res = measure_guard(timer, chain("original", 3), [GuardCandidate("lead", chain("lead", 2)),
+                                                       GuardCandidate("second", chain("second", 1)),
                                                        GuardCandidate("behind", chain("behind", 4))],
                         rounds=6, max_rounds=20)
-    assert res.chosen == "lead" and res.rounds > 6  # noise 4%: more rounds than the first 6
+    assert res.chosen in ("lead", "second") and res.rounds > 6  # noise 4%: more rounds than the first 6
     assert len(res.measured["behind"].round_speedups) == 6 < len(res.measured["lead"].round_speedups) == res.rounds
     assert res.measured["behind"].verdict == "slower"

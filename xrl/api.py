@@ -21,6 +21,7 @@ from xrl.cost.base import CostModel
 from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
+from xrl.rewrite.rules import with_rule_set
 from xrl.search.registry import get_search, register_search, run_search
 from xrl.search.result import SearchResult
 
@@ -159,6 +160,7 @@ def measure_model(engine: str = "auto", device: str | None = None, *, repeats: i
     return E2ECostModel(device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads, cache=False)
 
 
+@with_rule_set  # `rules` names the rule set every search and exact merge of the call loads (xrl.rewrite.rules)
 def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str | Path | None = None,
              search: str = "greedy",
              cost: str = "target", device: str | None = None, target: str | None = None,
@@ -168,7 +170,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
              cost_options: Mapping[str, Any] | None = None, measure: str | None = None,
              measure_options: Mapping[str, Any] | None = None, measure_rounds: int = 6,
              guard: bool | None = None, guard_options: Mapping[str, Any] | None = None,
-             threads: int | None = 1) -> OptimizeResult:
+             threads: int | None = 1, rules: str = "all") -> OptimizeResult:
     """Optimise a model for `target` (None: this machine's default) and (with `output`) write the
     verified result as ONNX.
 
@@ -193,7 +195,10 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     `threads`: the onnxruntime intra-op threads the model will run with (1, the default; None: one per
     core, a plain InferenceSession's default). The measured kernel costs, the guard and `measure` time at
     it: which rewrite pays depends on it (a fused attention kernel that loses on one thread can win on
-    all of them), so a model optimised for one thread count is measured at that count."""
+    all of them), so a model optimised for one thread count is measured at that count.
+
+    `rules`: the rule set searched ("all", the default; "elementary", "composite", a rule file's stem, or
+    several joined with "+"; `xrl.rewrite.rules`)."""
     from xrl.cost import get_target
     from xrl.cost.guard import GuardCandidate
     from xrl.frontends.onnx_io import from_onnx, initializer_bytes, save_onnx, split_model, to_onnx, trim_heap
@@ -353,8 +358,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     if guard_report is not None and guard_report["chosen"] != "original":
         measured = guard_report["candidates"][guard_report["chosen"]]
     elif guard_report is not None:
-        measured = {"cost_model": "guard", "speedup": 1.0, "interval95": [1.0, 1.0], "verdict": "within noise",
-                    "identical": True, "note": "the original itself was written"}
+        measured = guard_report["original"]  # speed-up 1, the A/A control's interval and verdict
     elif measure is not None:
         from xrl.cost.speedup import measure_speedup
 

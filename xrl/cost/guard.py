@@ -7,12 +7,23 @@ round a fresh onnxruntime session per graph (one session of a file can run sever
 slower than another for its whole life), and compares every candidate with the original by the
 rounds' paired ratios (`xrl.cost.speedup`).
 
-The choice: the candidate with the highest measured speed-up among those whose verdict is not
-"slower"; the original itself counts as 1.0, so a candidate whose point estimate is below 1 never
-wins, and one measured slower than the original beyond the noise is never written. Rounds are added
-(up to `max_rounds`, within `budget_s`) while the leading candidate's interval is wider than
-+-RESOLUTION/2; from then on a candidate whose whole interval is below the leader's is no longer timed
-(racing: on bert, 150 ms a run, each graph in a round costs about 2 s).
+The rule: a changed model is written only when it is measurably faster than the original beyond the
+noise of this run: its verdict is "faster", which with the A/A control means its 95% interval lies
+above 1 and above the A/A control's interval, and its point estimate is further from 1 than the A/A
+control's farthest end (`MeasuredSpeedup.verdict`). Of those, the one with the highest speed-up is
+written; when none is, the original itself is written and the reason says why (measured slower,
+within noise, or too noisy to tell), and its reported interval is the A/A control's: what identical
+work measured in this run.
+
+Rounds: at least `min_rounds` (3) before anything is decided, `rounds` before the precision rule, at
+most `max_rounds` (within `budget_s`). The guard stops as soon as its decision is settled (`settled`):
+every candidate's interval is below 1, or on a quiet run below the A/A control's upper end (nothing
+can be shown faster: the common case, decided in few rounds), or the leader is measurably faster and
+its interval is above every other candidate's. Otherwise rounds are added while the leader's interval
+is wider than +-RESOLUTION/2, and while the A/A control deviates by more than RESOLUTION ("too noisy
+to tell": more rounds may resolve it; at the limit the original is written and the report says so).
+After `rounds`, a candidate whose whole interval is below the leader's is no longer timed (racing: on
+bert, 150 ms a run, each graph in a round costs about 2 s).
 """
 
 from __future__ import annotations
@@ -27,6 +38,9 @@ from xrl.cost.speedup import RESOLUTION, MeasuredSpeedup, pool_rounds, ratio_int
 from xrl.ir import Graph
 
 ORIGINAL = "original"
+# the fewest rounds anything is decided on: two degrees of freedom (a t of 4.3) keeps early decisions rare
+# on a noisy machine, where the A/A control's interval is then wide
+MIN_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -42,17 +56,66 @@ class GuardResult:
     measured: dict[str, MeasuredSpeedup]  # label -> its measurement against the original
     rounds: int
     time_s: float
+    control_speedups: tuple[float, ...] = ()  # the A/A control's per-round ratios (original / its copy)
+    settled: str = ""  # why the rounds stopped
 
     def speedup_of(self, label: str) -> MeasuredSpeedup | None:
         return self.measured.get(label)
 
+    @property
+    def control(self) -> tuple[float, float] | None:
+        """The A/A control's 95% interval (None where nothing was timed)."""
+        return ratio_interval(self.control_speedups) if self.control_speedups else None
+
+    def original_measurement(self) -> dict[str, Any]:
+        """What is reported when the original itself is written: speed-up 1 (the same file), with the A/A
+        control's interval (identical work measured in this run) and its verdict."""
+        c = self.control
+        if c is None:
+            return {"cost_model": "guard", "speedup": 1.0, "interval95": [1.0, 1.0], "verdict": "within noise",
+                    "identical": True, "control_interval95": None, "noise": None,
+                    "note": "the original itself was written; nothing was timed"}
+        noise = max(c[1] - 1, 1 - c[0])
+        return {"cost_model": "guard", "speedup": 1.0, "interval95": [c[0], c[1]],
+                "verdict": "too noisy to tell" if noise > RESOLUTION else "within noise", "identical": True,
+                "control_interval95": [c[0], c[1]], "noise": noise,
+                "note": "the original itself was written; its interval is the A/A control's (identical work "
+                        "measured in this run)"}
+
     def to_json(self) -> dict[str, Any]:
+        c = self.control
         return {"chosen": self.chosen, "reason": self.reason, "rounds": self.rounds, "time_s": round(self.time_s, 3),
+                "settled": self.settled, "control_interval95": list(c) if c else None,
+                "original": self.original_measurement(),
                 "candidates": {k: v.to_json() for k, v in self.measured.items()}}
 
 
+def writable(m: MeasuredSpeedup) -> bool:
+    """Whether a candidate may be written: measured faster than the original beyond this run's noise."""
+    return m.verdict == "faster"
+
+
+def settled(measured: dict[str, MeasuredSpeedup], control: tuple[float, float]) -> str:
+    """Why the guard's decision can no longer change with more rounds ("" while it can).
+
+    Nothing to write: every candidate's interval is below 1, or, on a run whose A/A control is within
+    +-RESOLUTION, below the control's upper end (identical work measured as fast: nothing is shown
+    faster). A winner: the leader is writable and its interval is above every other candidate's."""
+    highs = {k: ratio_interval(m.round_speedups)[1] for k, m in measured.items()}
+    noisy = max(control[1] - 1, 1 - control[0]) > RESOLUTION
+    if all(h < 1.0 for h in highs.values()):
+        return "every candidate measured below the original"
+    if not noisy and all(h <= max(1.0, control[1]) for h in highs.values()):
+        return "no candidate can be shown faster than the A/A control"
+    leader = max(measured, key=lambda k: measured[k].speedup)
+    low = ratio_interval(measured[leader].round_speedups)[0]
+    if writable(measured[leader]) and all(highs[k] < low for k in measured if k != leader):
+        return f"{leader} measured faster than the original and every other candidate"
+    return ""
+
+
 def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardCandidate], *, rounds: int = 6,
-                  max_rounds: int = 20, budget_s: float = 120.0) -> GuardResult:
+                  max_rounds: int = 20, budget_s: float = 120.0, min_rounds: int = MIN_ROUNDS) -> GuardResult:
     """Time `original`, its A/A control and every candidate in alternating rounds with `timer` (an
     end-to-end model whose `remeasure` opens a fresh session), and choose what to write."""
     if rounds < 1:
@@ -70,46 +133,80 @@ def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardC
     graphs = {ORIGINAL: original, "A/A": original, **{c.label: c.graph for c in distinct}}
     timed: dict[str, list[Measurement]] = {k: [] for k in names}
 
-    def speedups() -> dict[str, MeasuredSpeedup]:
-        def ratios(b: str) -> tuple[float, ...]:
-            return tuple(x.median_s / y.median_s for x, y in zip(timed[ORIGINAL], timed[b]))
+    def ratios(b: str) -> tuple[float, ...]:
+        return tuple(x.median_s / y.median_s for x, y in zip(timed[ORIGINAL], timed[b]))
 
+    def speedups() -> dict[str, MeasuredSpeedup]:
         control = ratios("A/A")
         # an eliminated candidate's rounds pair with the original's first rounds: the rounds it was timed in
         return {c.label: MeasuredSpeedup(timer.describe(), pool_rounds(timed[ORIGINAL][:len(timed[c.label])]),
                                          pool_rounds(timed[c.label]), ratios(c.label),
                                          control_speedups=control[:len(timed[c.label])]) for c in distinct}
 
+    first = max(1, min(min_rounds, rounds))  # no decision on fewer rounds than this
     r = 0
+    why = ""
     racing = list(names)  # the graphs still timed each round
     while True:
         k = r % len(racing)  # rotate the order: no graph is always timed first or last in a round
         for which in racing[k:] + racing[:k]:
             timed[which].append(timer.remeasure(graphs[which]))
         r += 1
-        if r < rounds:
+        if r < first:
             continue
         current = speedups()
+        control = ratio_interval(ratios("A/A"))
+        why = settled(current, control)
+        if why:
+            break
+        if r < rounds:
+            continue
+        if r >= max_rounds:
+            why = f"the limit of {max_rounds} rounds"
+            break
+        if time.perf_counter() - t0 > budget_s:
+            why = f"the guard's time budget of {budget_s:g} s"
+            break
         leader = max(current.values(), key=lambda m: m.speedup)
         low, high = ratio_interval(leader.round_speedups)
-        if r >= max_rounds or time.perf_counter() - t0 > budget_s or (high - low) / 2 <= RESOLUTION / 2:
+        quiet = max(control[1] - 1, 1 - control[0]) <= RESOLUTION
+        if quiet and (high - low) / 2 <= RESOLUTION / 2:
+            why = f"the leader's interval within +-{RESOLUTION / 2:.1%}"
             break
         racing = [n for n in racing if n in (ORIGINAL, "A/A") or current[n] is leader
                   or ratio_interval(current[n].round_speedups)[1] >= low]
-    chosen, reason = choose(current)
-    return GuardResult(chosen, reason, current, r, time.perf_counter() - t0)
+    control_rounds = ratios("A/A")
+    chosen, reason = choose(current, ratio_interval(control_rounds), rounds=r)
+    return GuardResult(chosen, reason, current, r, time.perf_counter() - t0, control_rounds, why)
 
 
-def choose(measured: dict[str, MeasuredSpeedup]) -> tuple[str, str]:
-    """The label to write and why: the fastest measured candidate that is not slower than the original
-    (the original counts as 1.0)."""
-    eligible = {k: m for k, m in measured.items() if m.verdict != "slower" and m.speedup > 1.0}
+def choose(measured: dict[str, MeasuredSpeedup], control: tuple[float, float] | None = None, *,
+           rounds: int | None = None) -> tuple[str, str]:
+    """The label to write and why: the fastest candidate measured faster than the original beyond the noise
+    (`writable`); the original itself when there is none. `control`: the A/A control's interval, for the
+    reason (each candidate carries its own control rounds)."""
+    eligible = {k: m for k, m in measured.items() if writable(m)}
     slower = sorted(k for k, m in measured.items() if m.verdict == "slower")
     if not eligible:
-        why = (f"{', '.join(slower)} measured slower than the original" if slower
-               else "no candidate measured faster than the original")
+        if control is None:
+            control = next((m.control for m in measured.values() if m.control), None)
+        noise = max(control[1] - 1, 1 - control[0]) if control else 0.0
+        after = f" after {rounds} rounds" if rounds else ""
+        if slower and len(slower) == len(measured):
+            why = f"{', '.join(slower)} measured slower than the original"
+        elif noise > RESOLUTION:
+            why = (f"too noisy to tell: the A/A control deviated {noise:.1%} (over {RESOLUTION:.0%}){after}, so no "
+                   f"candidate could be shown faster")
+        else:
+            best = max(measured, key=lambda k: measured[k].speedup) if measured else None
+            why = "no candidate measured faster than the original beyond the noise"
+            if best is not None:
+                lo, hi = measured[best].interval
+                why += f" (best: {best} {measured[best].speedup:.3f}x [{lo:.3f}-{hi:.3f}]"
+                why += f", A/A [{control[0]:.3f}-{control[1]:.3f}])" if control else ")"
         return ORIGINAL, f"{why}: the original is written"
     best = max(eligible, key=lambda k: eligible[k].speedup)
     m = eligible[best]
+    lo, hi = m.interval
     note = f"; {', '.join(slower)} measured slower" if slower else ""
-    return best, f"{best} measured fastest ({m.speedup:.3f}x, {m.verdict}){note}"
+    return best, f"{best} measured fastest ({m.speedup:.3f}x [{lo:.3f}-{hi:.3f}], {m.verdict}){note}"

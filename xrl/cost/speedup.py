@@ -24,7 +24,9 @@ With `control=True` every round also times a second, independent measurement of 
 control: a fresh session of the same graph). Its ratios show what the machine does to identical
 work in the same run, so the noise floor is measured rather than assumed. Then:
 
-    faster / slower     the interval excludes 1 and the effect exceeds the A/A control's deviation;
+    faster              the interval lies above 1 and above the A/A control's interval, and the effect
+                        exceeds the control's deviation (what the guard requires to write a changed model);
+    slower              the interval lies below 1 and the effect exceeds the control's deviation;
     too noisy to tell   neither, and the control's deviation (or the interval's half-width) is over
                         RESOLUTION (3%): this machine, now, cannot resolve an effect of that size;
     within noise        neither, on a machine quiet enough to resolve RESOLUTION.
@@ -102,7 +104,9 @@ class MeasuredSpeedup:
         if self.control_speedups:
             low, high = self.interval
             noise = self.noise
-            if not self.identical and low > 1 and self.speedup - 1 > noise:
+            # faster beyond the noise: the whole interval above 1 and above the A/A control's, and the point
+            # estimate further from 1 than the control's farthest end (what the guard requires to write it)
+            if not self.identical and low > max(1.0, self.control[1]) and self.speedup - 1 > noise:
                 return "faster"
             if not self.identical and high < 1 and 1 - self.speedup > noise:
                 return "slower"
