@@ -142,6 +142,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="onnxruntime targets: skip the measured guard (by default the original, the pre-passes' "
                         "result and the search's best are timed end to end with an A/A control, and the fastest "
                         "that is not slower than the original is written); the result is then unmeasured")
+    p.add_argument("--rules", default="all", metavar="SET",
+                   help="rule set the search uses: all (default), elementary, composite, a rule file's stem "
+                        "(lora, reparam, ...), or several joined with + (elementary+lora)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_optimize)
@@ -290,6 +293,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     # every option is checked before the model is built or read: a bad name must not cost a load
     check_search_options(args.search, args.prepass, args.target, args.cost)
+    from xrl.rewrite.rules import check_rule_set
+
+    rules = check_rule_set(args.rules)
     threads = parse_threads(args.threads)
     loaded = load(args)
     if args.output:  # fail before the search, not after it
@@ -327,7 +333,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                    seed=args.seed, steps=args.steps, time_limit=args.time_limit, force=args.force,
                    search_options=options, measure=args.measure,
                    measure_options={"repeats": args.measure_repeats}, guard=None if args.guard else False,
-                   threads=threads)
+                   threads=threads, rules=rules)
     # asked to measure, and the written model measured slower: say so in the exit code too
     status = 1 if args.measure and res.verdict == "slower" else 0
     if args.json:

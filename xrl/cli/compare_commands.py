@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="compare-results", metavar="DIR",
                    help="where results.csv, results.md and the plots go (default ./compare-results)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rules", default="all", metavar="SET",
+                   help="rule set every method searches with: all (default), elementary, composite, a rule file's "
+                        "stem (lora, reparam, ...), or several joined with + (elementary+lora)")
+    p.add_argument("--policy", metavar="PATH",
+                   help="policy checkpoint (or exported .onnx policy, or a shipped name) for the rl method")
     p.add_argument("--json", action="store_true", help="print the records as JSON instead of a table")
     p.set_defaults(func=cmd_compare)
 
@@ -70,8 +75,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not args.time_limit > 0:
         raise XrlError(f"--time-limit must be positive, not {args.time_limit}")
     check_out_dir(args.out)  # before the work, not after it
-    config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=resolve_methods(args.methods), cost=args.cost,
-                           device=args.device, target=args.target, seed=args.seed, time_limit=args.time_limit)
+    from xrl.rewrite.rules import check_rule_set
+
+    methods = resolve_methods(args.methods)
+    if args.policy and "rl" not in methods:
+        raise XrlError("--policy applies to the rl method; add rl to --methods")
+    config = CompareConfig(graphs=resolve_graphs(args.graphs), methods=methods, cost=args.cost,
+                           device=args.device, target=args.target, seed=args.seed, time_limit=args.time_limit,
+                           rules=check_rule_set(args.rules),
+                           method_options={"rl": {"policy": args.policy}} if args.policy else None)
 
     def progress(rec, done: int, total: int) -> None:
         detail = (f"{rec.speedup:.3f}x in {rec.time_s:.2f} s, {rec.rewrites} rewrites, "
@@ -82,7 +94,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     records = run_compare(config, progress=progress)
     header = (f"Target: {args.target}; cost model: {args.cost} ({args.device or 'the target profile'}); "
               f"seed {args.seed}; time limit per run: "
-              f"{args.time_limit if args.time_limit is not None else 'method default'}.")
+              f"{args.time_limit if args.time_limit is not None else 'method default'}; rules: {config.rules}"
+              f"{'; policy: ' + args.policy if args.policy else ''}.")
     paths = write_results(records, args.out, header=header)
     if args.json:
         from dataclasses import asdict

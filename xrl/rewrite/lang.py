@@ -15,8 +15,14 @@ A rule file holds rules like this one (indentation is free; `#` starts a comment
 Every line is a Python expression or assignment, restricted (see `xrl.rewrite.expr`) and parsed
 with `ast`:
 
-- The comment directly above `rule` says what the rule does (required). The header names the rule
-  and its `family`; `shared=t,u` lets the intermediate values t, u keep other consumers (their
+- The comment directly above `rule` says what the rule does (required). The header names the rule,
+  its `family` and its `kind`: `kind=elementary` (one algebraic step) or `kind=composite` (one step
+  that does what a sequence of elementary rules does, e.g. merge_lowrank_* = fold the scale, move the
+  bias, reassociate, factor; its elementary steps must exist as rules too, so that the `elementary`
+  rule set reaches the same graph). A header without `kind=` is elementary; the built-in files declare
+  it on every rule (`xrl rules list` shows it). Named rule sets select by kind and file
+  (`xrl.rewrite.rules.select_rules`, `--rules all|elementary|composite|<file stem>`, joined with `+`).
+  `shared=t,u` lets the intermediate values t, u keep other consumers (their
   producers then stay); any other `key=A|B|C` makes the rule a template, expanded once per value
   with `{key}` substituted in its name, comment and body.
 - Source lines (before `=>`) are ops over pattern variables. An argument is a variable, a nested op
@@ -43,6 +49,7 @@ Errors in a rule file raise `RuleSyntaxError` with `file:line: problem`.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import re
 from collections.abc import Iterable
@@ -59,6 +66,7 @@ FAMILIES = ("merge", "fusion", "distributivity", "associativity", "transpose", "
             "algebraic")
 EXAMPLE_FUNCTIONS = frozenset(PURE_FUNCTIONS) | {"between", "choice", "fill", "causal", "positive", "ints"}
 TARGET_CONSTS = ("ints", "const")
+KINDS = ("elementary", "composite")
 
 
 class RuleSyntaxError(XrlError):
@@ -140,6 +148,7 @@ class RuleInfo:
     target_ops: int
     multi_output: bool
     location: str
+    kind: str = "elementary"
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,6 +169,7 @@ class Rule:
     attr_vars: frozenset[str]
     optional: frozenset[str]
     text: str = field(repr=False, default="")
+    kind: str = "elementary"  # or "composite": see the module docstring
 
     @property
     def source_ops(self) -> int:
@@ -180,7 +190,7 @@ class Rule:
 
     def info(self) -> RuleInfo:
         return RuleInfo(self.name, self.family, self.comment, self.source_ops, self.target_ops,
-                        self.is_multi_output, self.location)
+                        self.is_multi_output, self.location, self.kind)
 
     def __repr__(self) -> str:
         return f"Rule({self.name!r}, {self.family}, {self.location})"
@@ -241,6 +251,9 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
     if family is None:
         raise RuleSyntaxError(file, line, f"rule {name!r} has no family=... (one of {', '.join(FAMILIES)})")
     shared = options.pop("shared", "")
+    kind = options.pop("kind", "elementary")
+    if kind not in KINDS:
+        raise RuleSyntaxError(file, line, f"rule {name!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     params = {k: v.split("|") for k, v in options.items()}
     for p in _PARAM.findall(name):
         if p not in params:
@@ -251,8 +264,8 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
     for combo in itertools.product(*params.values()) if params else [()]:
         sub = dict(zip(params, combo))
         fill = lambda s, sub=sub: _PARAM.sub(lambda m: sub.get(m.group(1), m.group(0)), s)
-        out.append(_parse_rule(file, line, fill(name), family, fill(comment), shared,
-                               [(n, fill(t)) for n, t in body]))
+        rule = _parse_rule(file, line, fill(name), family, fill(comment), shared, [(n, fill(t)) for n, t in body])
+        out.append(dataclasses.replace(rule, kind=kind) if kind != rule.kind else rule)
     return out
 
 

@@ -5,18 +5,38 @@ text (memoised), and its passing outcomes are kept on disk between processes (`v
 on the rule's text and the source of the code that checks it, so a stale outcome cannot be read back):
 the 160+ built-in rules take 1-2 s on an idle 2-core machine and up to 10 s under load. A rule that fails
 verification is never loaded; `xrl rules verify` (which always verifies afresh) reports why.
+
+Named rule sets (issue 32). Every rule is `kind=elementary` or `kind=composite` (`xrl.rewrite.lang`), and
+`load_rules(rule_set=NAME)` keeps the verified rules of the set NAME names:
+
+- `all` (the default of `xrl optimize`): every rule;
+- `elementary`: the elementary rules, the research setting (a composite's work then takes its sequence
+  of steps, some of which raise the cost or only reorder: the foresight a learned policy can add);
+- `composite`: the composite rules;
+- a rule file's stem (`lora`, `reparam`, `algebraic`, ...): that file's rules;
+- sets joined with `+`: their union, in file order (`elementary+lora`). `+` rather than a comma, since a
+  comma in a Hydra override (`xrl train rules=...`) means a sweep.
+
+An unknown name is a one-line `ConfigError` listing the choices (`check_rule_set`). `rule_set=None` takes
+the process's current selection, `"all"` unless a caller is inside `use_rules(NAME)`: that is how
+`xrl optimize --rules`, `xrl compare --rules` and `xrl.api.optimize(rules=...)` reach every search (each
+builds its engine with `RewriteEngine.default()`, i.e. `load_rules()`) without a parameter in each runner.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xrl.rewrite.lang import Rule, RuleInfo, RuleSyntaxError, parse_file
+from xrl.errors import ConfigError
+from xrl.rewrite.lang import KINDS, Rule, RuleInfo, RuleSyntaxError, parse_file
 
 if TYPE_CHECKING:
     from xrl.rewrite.verify import RuleCheck
@@ -71,6 +91,17 @@ class RuleSet:
         keep = set(names)
         return RuleSet(tuple(r for r in self.rules if r.name in keep), self.checks, self.rejected)
 
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rules:
+            out[r.kind] = out.get(r.kind, 0) + 1
+        return out
+
+    def select_set(self, rule_set: str) -> RuleSet:
+        """The rules of the named set (see the module docstring); ConfigError for an unknown name."""
+        keep = rule_set_members(self.rules, rule_set)
+        return RuleSet(tuple(r for r in self.rules if r.name in keep), self.checks, self.rejected)
+
     def families(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rules:
@@ -83,7 +114,7 @@ class RuleSet:
     def summary(self) -> dict:
         """JSON-ready: counts per family, multi-output count, and each rule's info."""
         return {"rules": len(self.rules), "multi_output": sum(r.is_multi_output for r in self.rules),
-                "families": self.families(), "rejected": list(self.rejected),
+                "families": self.families(), "kinds": self.kinds(), "rejected": list(self.rejected),
                 "items": [asdict(i) for i in self.infos()]}
 
 
@@ -100,22 +131,112 @@ def parse_rule_files(paths: Iterable[str | Path] | None = None) -> list[Rule]:
     return rules
 
 
+# ----- named rule sets ------------------------------------------------------------------------------
+DEFAULT_RULE_SET = "all"
+_ACTIVE: list[str] = [DEFAULT_RULE_SET]  # the selection `rule_set=None` means; `use_rules` pushes and pops it
+
+
+def rule_set_choices(rules: Iterable[Rule]) -> list[str]:
+    """The names a rule set may be built from: all, the kinds, and each rule file's stem."""
+    stems = sorted({Path(r.file).stem for r in rules})
+    return ["all", *KINDS, *(s for s in stems if s not in ("all", *KINDS))]
+
+
+def rule_set_members(rules: Iterable[Rule], rule_set: str) -> set[str]:
+    """The names of the rules in the set `rule_set` names (`a+b`: the union). ConfigError for an unknown name."""
+    rules = tuple(rules)
+    choices = rule_set_choices(rules)
+    parts = [p.strip() for p in str(rule_set).split("+")]
+    bad = [p for p in parts if p not in choices]
+    if bad or not parts:
+        hint = " (join sets with '+', not ',')" if "," in str(rule_set) else ""
+        raise ConfigError(f"unknown rule set {bad[0] if bad else rule_set!r}{hint}; choose from "
+                          f"{', '.join(choices)}, or several joined with '+' (e.g. elementary+lora)")
+    keep: set[str] = set()
+    for p in parts:
+        keep |= {r.name for r in rules if p == "all" or r.kind == p or Path(r.file).stem == p}
+    return keep
+
+
+def check_rule_set(rule_set: str, paths: Iterable[str | Path] | None = None) -> str:
+    """`rule_set` with spaces removed, once its names are checked against the rule files (no verification)."""
+    rule_set_members(_parsed(rule_files(paths)), rule_set)
+    return "+".join(p.strip() for p in str(rule_set).split("+"))
+
+
+def active_rule_set() -> str:
+    """The rule set `load_rules()` (and so `RewriteEngine.default()`) loads now."""
+    return _ACTIVE[-1]
+
+
+@contextmanager
+def use_rules(rule_set: str | None) -> Iterator[str]:
+    """Within the block, `load_rules()` without `rule_set` loads this set (None: leave the selection as it is).
+    Process-wide rather than per thread: a search's worker threads must see the selection of the call that
+    started them."""
+    if rule_set is None:
+        yield active_rule_set()
+        return
+    name = check_rule_set(rule_set)
+    _ACTIVE.append(name)
+    try:
+        yield name
+    finally:
+        _ACTIVE.pop()
+
+
+def with_rule_set(fn: Callable) -> Callable:
+    """Decorate a function with a `rules` keyword: its body runs inside `use_rules(rules)` (the API's entry points)."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        with use_rules(bound.arguments.get("rules")):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 _MEMO: dict[tuple, RuleSet] = {}
+_SELECTED: dict[tuple, RuleSet] = {}
 _PARSED: dict[tuple, list[Rule]] = {}
 
 
-def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool = True,
-               seed: int = 0, trials: int = 3) -> RuleSet:
-    """The rules in `paths` (default: the built-in rule files).
-
-    verified_only: keep only rules that pass `verify_rules(seed=seed, trials=trials)`; failing rules
-    are left out with a warning.
-    """
-    files = rule_files(paths)
+def _parsed(files: list[Path]) -> list[Rule]:
     stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
     rules = _PARSED.get(stamp)
     if rules is None:  # parsing 124 rules takes about a second: once per process while the files are unchanged
         rules = _PARSED[stamp] = parse_rule_files(files)
+    return rules
+
+
+def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool = True,
+               seed: int = 0, trials: int = 3, rule_set: str | None = None) -> RuleSet:
+    """The rules of the named set `rule_set` in `paths` (default: the built-in rule files).
+
+    rule_set: "all", "elementary", "composite", a rule file's stem, or several joined with "+" (see the
+    module docstring); None: the current selection (`use_rules`; "all" outside one). ConfigError if unknown.
+    verified_only: keep only rules that pass `verify_rules(seed=seed, trials=trials)`; failing rules
+    are left out with a warning.
+    """
+    rule_set = active_rule_set() if rule_set is None else rule_set
+    full = _load_all(paths, verified_only=verified_only, seed=seed, trials=trials)
+    if rule_set == DEFAULT_RULE_SET:
+        return full
+    if not verified_only:
+        return full.select_set(rule_set)
+    key = (id(full), rule_set)
+    out = _SELECTED.get(key)
+    if out is None:  # one RuleSet object per selection, so that engines built on it compare equal
+        out = _SELECTED[key] = full.select_set(rule_set)
+    return out
+
+
+def _load_all(paths: Iterable[str | Path] | None, *, verified_only: bool, seed: int, trials: int) -> RuleSet:
+    files = rule_files(paths)
+    rules = _parsed(files)
     if not verified_only:
         return RuleSet(tuple(rules))
     key = (tuple((r.name, r.family, r.text) for r in rules), seed, trials)
@@ -130,6 +251,6 @@ def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool
     rejected = tuple(r.name for r in rules if not checks[r.name].ok)
     if rejected:
         warnings.warn(f"{len(rejected)} rewrite rule(s) failed verification and are not loaded: "
-                      f"{', '.join(rejected)}; run `xrl rules verify` for details", stacklevel=2)
+                      f"{', '.join(rejected)}; run `xrl rules verify` for details", stacklevel=3)
     out = _MEMO[key] = RuleSet(ok, checks, rejected)
     return out

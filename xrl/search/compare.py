@@ -70,6 +70,7 @@ class CompareConfig:
     method_time_limits: Mapping[str, float] | None = None  # per-method override of time_limit
     method_options: Mapping[str, Mapping[str, Any]] | None = None  # per-method search options
     steps: Mapping[str, int] | None = None  # per-method step budget (random: steps taken)
+    rules: str = "all"  # the rule set every method searches with (xrl.rewrite.rules: all, elementary, ...)
 
 
 def resolve_graphs(spec: str | Sequence[str]) -> tuple[str, ...]:
@@ -136,7 +137,15 @@ Progress = Callable[[RunRecord, int, int], None]
 
 
 def run_compare(config: CompareConfig, *, progress: Progress | None = None) -> list[RunRecord]:
-    """Every method in `config` on every graph; never raises for one run's failure."""
+    """Every method in `config` on every graph, over the rule set `config.rules`; never raises for one run's
+    failure (an unknown rule set is a ConfigError before any run)."""
+    from xrl.rewrite.rules import use_rules
+
+    with use_rules(config.rules):
+        return _run_compare(config, progress=progress)
+
+
+def _run_compare(config: CompareConfig, *, progress: Progress | None = None) -> list[RunRecord]:
     from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
 
