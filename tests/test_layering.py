@@ -27,7 +27,7 @@ LAYERS = [
     {"rl", "distributed"},
     {"search"},
     {"policies", "serve", "sweeps"},
-    {"api"},
+    {"api", "options"},
     {"cli", "__main__"},
 ]
 LEVEL = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

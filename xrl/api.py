@@ -199,6 +199,9 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
     `rules`: the rule set searched ("all", the default; "elementary", "composite", a rule file's stem, or
     several joined with "+"; `xrl.rewrite.rules`)."""
+    from xrl.options import check_optimize_options
+
+    prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
     from xrl.cost import get_target
     from xrl.cost.guard import GuardCandidate
     from xrl.frontends.onnx_io import from_onnx, initializer_bytes, save_onnx, split_model, to_onnx, trim_heap
