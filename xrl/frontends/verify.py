@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from xrl.errors import DynamicShapeError, VerificationError
+from xrl.errors import ConfigError, DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
 from xrl.frontends.onnx_io import brief_error, in_memory, split_model, to_onnx, trim_heap
 from xrl.ir import Graph
@@ -234,6 +234,9 @@ def reference_run(reference: onnx.ModelProto, *, like: onnx.ModelProto | Graph |
     has its inputs); integer inputs stay inside both models' gathered axes. `external`: the reference's
     weights if it is a head; `weights`: arrays equal to some of its weights (the IR's), used instead of a
     copy where their bytes are the same."""
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        # no trial would compare nothing, and comparing nothing must never read as a pass
+        raise ConfigError(f"verification needs at least 1 trial (verify_trials), not {trials!r}")
     specs, problem = _joint_specs(reference, like if like is not None else reference)
     if problem:
         raise VerificationError(f"the model as imported does not take the original's inputs: {problem}")
@@ -279,6 +282,10 @@ def compare_to(ref: ReferenceRun, candidate: onnx.ModelProto | Graph, *, externa
     except VerificationError as e:
         return VerifyResult(False, inf, inf, 0, str(e))
     n = ref.trials if trials is None else min(trials, ref.trials)
+    if n < 1 or not ref.names:  # comparing nothing is a failure, never a pass
+        what = "no output" if not ref.names else f"{n} trials"
+        return VerifyResult(False, inf, inf, 0, f"nothing was compared ({what}): verification needs at least one "
+                                                f"output and one trial")
     max_abs = max_rel = 0.0
     for t, ref_out in enumerate(ref.outputs[:n]):
         feeds = make_feeds(ref.specs, ref.seed + t)
@@ -313,6 +320,9 @@ def compare_models(reference: onnx.ModelProto | ReferenceRun, candidate: onnx.Mo
         return compare_to(reference, candidate, external=external, rtol=rtol, atol=atol, trials=trials)
     trials = 2 if trials is None else trials
     inf = float("inf")
+    if trials < 1 or not reference.graph.output:  # comparing nothing is a failure, never a pass
+        return VerifyResult(False, inf, inf, 0, f"nothing was compared ({trials} trials, "
+                                                f"{len(reference.graph.output)} outputs)")
     specs, problem = _joint_specs(reference, candidate)  # a head's tensors keep their dims: its inputs read alike
     if problem:
         return VerifyResult(False, inf, inf, 0, problem)
