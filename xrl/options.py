@@ -71,8 +71,10 @@ def flag(*, none: bool = False) -> Check:
     return check
 
 
-def text(choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, *, none: bool = False) -> Check:
-    """A string (one of `choices` where given; a callable is asked only when a value is checked)."""
+def text(choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, *, none: bool = False,
+         unknown: str = "") -> Check:
+    """A string (one of `choices` where given; a callable is asked only when a value is checked). `unknown`
+    names what a value outside the choices is ("unknown cost model")."""
     def check(name: str, value: Any) -> None:
         if value is None and none:
             return
@@ -80,7 +82,7 @@ def text(choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, *, 
             _fail(name, "a string" + (", or None" if none else ""), value)
         valid = choices() if callable(choices) else choices
         if valid is not None and value not in valid:
-            raise ConfigError(f"{name} {value!r} is not one of: {', '.join(valid)}")
+            raise ConfigError(f"{unknown or f'unknown {name}'} {value!r}; choose one of: {', '.join(valid)}")
     return check
 
 
@@ -171,10 +173,10 @@ COST_OPTION_CHECKS: dict[str, Check] = {
 # optimize's own options: name -> its check
 OPTIONS: dict[str, Check] = {
     "output": path(none=True, suffix=".onnx"),
-    "search": text(_search_names),
-    "cost": text(_cost_names),
+    "search": text(_search_names, unknown="unknown search method"),
+    "cost": text(_cost_names, unknown="unknown cost model"),
     "device": text(none=True),
-    "target": text(_target_names, none=True),
+    "target": text(_target_names, none=True, unknown="unknown target"),
     "seed": whole(0, MAX_SEED),
     "steps": whole(0, none=True),
     "time_limit": number(0.0, inf=True, none=True),
@@ -183,7 +185,7 @@ OPTIONS: dict[str, Check] = {
     "verify_trials": whole(1, 1000),
     "search_options": mapping(),
     "cost_options": mapping(),
-    "measure": text(MEASURE_ENGINES, none=True),
+    "measure": text(MEASURE_ENGINES, none=True, unknown="unknown measurement engine"),
     "measure_options": mapping(MEASURE_OPTIONS),
     "measure_rounds": whole(1, 1000),
     "guard": flag(none=True),
