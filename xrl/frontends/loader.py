@@ -84,6 +84,7 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
     """Load `spec`: a path to an .onnx or HLO text file, or the name of a built-in graph."""
     from xrl import graphs
     from xrl.frontends.hlo import load_hlo, looks_like_hlo
+    from xrl.frontends.model_limits import check_declared_sizes
     from xrl.frontends.onnx_io import from_onnx, load_onnx, to_onnx
 
     if not names_a_file(spec):
@@ -104,6 +105,9 @@ def load_model(spec: str, *, input_shapes: Mapping[str, Sequence[int]] | None = 
             raise ModelLoadError("--input-shape applies to ONNX models; HLO modules have static shapes")
         graph = load_hlo(path)
         return LoadedModel(graph, None, spec, "hlo", path, reload=lambda: to_onnx(graph))
+    # every weight's declared size (dims, external data's length) against XRL_MAX_ELEMENTS before onnx.load
+    # reads any of it: a 3 GiB sparse external file must be refused, not read
+    check_declared_sizes(path)
     graph = load_onnx(path, input_shapes)
     # the file is read again when the reference is wanted (onnx.load): the IR holds the weights meanwhile
     return LoadedModel(graph, None, spec, "onnx", path, reload=lambda: _read_again(path))
