@@ -71,6 +71,12 @@ _SMALL_CONST = 64  # integer weights up to this many elements are shape-like: th
 NCHWC = "com.microsoft.nchwc"  # onnxruntime's blocked-layout CPU kernels
 _OVERHEAD_CHAIN = 16  # trivial kernels in the chain that measures the per-kernel dispatch cost
 ANCHORS = 3  # kernels kept open to measure the machine's drift between batches
+# A cached kernel timing this far from the kernel's own roofline estimate is not its run time on any machine
+# xrl targets (a 1% edit passes any fixed bound; this one is per kernel): refused and measured again
+BOUND_LOW, BOUND_HIGH = 0.1, 1000.0
+# ... below this, a kernel's timing net of the run's fixed cost is within that cost's noise (and floored at one
+# dispatch): no lower bound there
+BOUND_MIN_S = 1e-5
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,8 @@ class MeasuredKernelCostModel(TargetCostModel):
         self.providers = _providers(self.target.provider)
         self.device_id = _device_id(self.target.provider, threads)
         self.deadline: float | None = None  # time.monotonic() past which new kernels are not timed
-        self.stats: dict[str, float] = {"cache_hits": 0, "measured": 0, "measure_s": 0.0, "fallback": 0}
+        self.stats: dict[str, float] = {"cache_hits": 0, "measured": 0, "measure_s": 0.0, "fallback": 0,
+                                        "out_of_bounds": 0, "out_of_bounds_measured": 0}
         self._alias: dict[str, str] = {}  # kernel model key -> the key of what onnxruntime runs for it
         self._timing: dict[str, Measurement] = {}  # run key -> its timing
         self._anchors: dict[str, Prepared] = {}  # kernels re-timed beside every batch: the drift between batches
@@ -232,7 +239,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         if memo is not None:
             return memo
         km = self._models.pop(memo_key, None) or kernel_model(k, graph)
-        m = self._timing_of(km.key)
+        m = self._timing_of(km.key, lambda: self.roofline_bounds(k, graph))
         if m is None:  # not timed: the named fallback
             self.stats["fallback"] += 1
             c = super().kernel_cost(k, graph) * self._fallback_scale()
@@ -254,6 +261,10 @@ class MeasuredKernelCostModel(TargetCostModel):
         return {"kernel_cache_hits": int(self.stats["cache_hits"]), "kernels_measured": int(self.stats["measured"]),
                 "kernel_cache_hit_rate": self.stats["cache_hits"] / looked_up if looked_up else None,
                 "measure_s": round(self.stats["measure_s"], 3), "fallback_kernels": int(self.stats["fallback"]),
+                # cached rows refused (failed their keyed checksum, or outside their kernel's roofline bounds)
+                "cache_rows_refused": int(self.cache.refused),
+                "out_of_bounds_refused": int(self.stats["out_of_bounds"]),
+                "out_of_bounds_measured": int(self.stats["out_of_bounds_measured"]),
                 "drift": self._drift, "cache": str(self.cache.path), "device_id": self.device_id}
 
     # ----- measuring ----------------------------------------------------------------------------
@@ -261,7 +272,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         """The fixed cost of a run and the dispatch cost of a kernel: from the cache, else measured now."""
         if self._overhead is None:
             one, chain = kernel_model_of(trivial_chain(1)), kernel_model_of(trivial_chain(_OVERHEAD_CHAIN + 1))
-            got = [self.cache.get(k.key, self.device_id) for k in (one, chain)]
+            got = [self._cached_probe(k) for k in (one, chain)]
             if any(m is None for m in got):
                 prepared = {k.key: self._prepare(k.graph) for k in (one, chain)}
                 timed = self._time_batch(prepared, repeats=max(self.repeats, 15), anchors=False, net=False)
@@ -271,8 +282,48 @@ class MeasuredKernelCostModel(TargetCostModel):
             self._overhead = RunOverhead(max(t1 - dispatch, 0.0), dispatch)
         return self._overhead
 
-    def _timing_of(self, key: str) -> Measurement | None:
-        """The timing of the kernel whose model has `key`, through the kernel onnxruntime runs for it."""
+    def _cached_probe(self, probe: KernelModel) -> Measurement | None:
+        """A probe's cached timing (the run overhead's, a layout conversion's), refused above BOUND_HIGH x its
+        roofline: it is added to, or taken off, every graph's cost."""
+        m = self.cache.get(probe.key, self.device_id)
+        if m is not None and not in_bounds(m.median_s, (0.0, BOUND_HIGH * self._probe_roofline(probe.graph))):
+            self.cache.discard(probe.key, self.device_id)
+            self.stats["out_of_bounds"] += 1
+            log.warning("a cached probe timing (%.3g s) is above %gx its roofline; measured again", m.median_s,
+                        BOUND_HIGH)
+            return None
+        return m
+
+    def _probe_roofline(self, graph: Graph) -> float:
+        """A probe graph's roofline: a launch per node and every value read or written once."""
+        d = self.analytic.device
+        nbytes = sum(graph.type_of(v).nbytes for v in graph.types)
+        return len(graph) * d.launch_overhead_s + nbytes / d.bandwidth
+
+    def roofline_bounds(self, k: Kernel, graph: Graph) -> tuple[float, float]:
+        """(lowest, highest) seconds a cached timing of `k` may hold: BOUND_LOW x its work at the device
+        profile's peak rates (no launch overhead, full efficiency: no kernel runs faster than its roofline,
+        and a machine 10x faster than the profile is still inside; none where that is under BOUND_MIN_S) and
+        BOUND_HIGH x its roofline estimate."""
+        from xrl.cost.targets import contrib_flops
+        from xrl.ir.ops import node_flops
+
+        d = self.analytic.device
+        inside = {v for n in k.nodes for v in n.outputs}
+        read = {v for n in k.nodes for v in n.inputs if v and v not in inside}
+        nbytes = sum(graph.type_of(v).nbytes for v in read.union(written_values([k], graph)[0]))
+        anchor = k.anchor
+        flops = contrib_flops(anchor, graph) if anchor.domain not in ("", "ai.onnx") else node_flops(anchor, graph)
+        peak_s = max(flops / d.peak_flops if d.peak_flops else 0.0, nbytes / d.bandwidth if d.bandwidth else 0.0)
+        low = BOUND_LOW * peak_s
+        return (low if low >= BOUND_MIN_S else 0.0), BOUND_HIGH * super().kernel_cost(k, graph)
+
+    def _timing_of(self, key: str, roofline: Any = None) -> Measurement | None:
+        """The timing of the kernel whose model has `key`, through the kernel onnxruntime runs for it.
+
+        `roofline` (a callable giving `roofline_bounds`): a timing read from the cache outside them is
+        refused (deleted, counted) and the kernel is measured again. Timings measured in this process are
+        kept whatever they are."""
         run_key = self._alias.get(key)
         if run_key is None:
             run_key = self.cache.get_alias(key, self.device_id)
@@ -282,6 +333,12 @@ class MeasuredKernelCostModel(TargetCostModel):
         m = self._timing.get(run_key)
         if m is None:
             m = self.cache.get(run_key, self.device_id)
+            if m is not None and roofline is not None and not in_bounds(m.median_s, roofline()):
+                self.cache.discard(run_key, self.device_id)
+                self.stats["out_of_bounds"] += 1
+                log.warning("a cached kernel timing (%.3g s) is outside its roofline's bounds (%gx its work at peak "
+                            "rates to %gx its estimate); measured again", m.median_s, BOUND_LOW, BOUND_HIGH)
+                return None
             if m is not None:
                 self._timing[run_key] = m
         return m
@@ -307,7 +364,7 @@ class MeasuredKernelCostModel(TargetCostModel):
             km = self._models[memo_key] = kernel_model(k, graph)  # kernel_cost takes it from here
             if km.key in todo:
                 continue
-            if self._timing_of(km.key) is not None:
+            if self._timing_of(km.key, lambda k=k: self.roofline_bounds(k, graph)) is not None:
                 self.stats["cache_hits"] += 1
                 continue
             todo[km.key] = (km, k)
@@ -320,21 +377,28 @@ class MeasuredKernelCostModel(TargetCostModel):
                 return  # the rest falls back to the scaled roofline
             t0 = time.perf_counter()
             prepared: dict[str, Prepared] = {}
+            bounds: dict[str, tuple[float, float]] = {}
             for km, k in items[start:start + self.max_kernels_per_batch]:
                 p = self._prepare(km.graph)
                 if p is None:
                     continue
                 self._alias[km.key] = p.run_key
                 self.cache.put_alias(km.key, self.device_id, p.run_key)
-                if self._timing_of(km.key) is not None:  # another kernel the runtime runs alike: timed already
+                bound = self.roofline_bounds(k, graph)
+                if self._timing_of(km.key, lambda b=bound: b) is not None:  # the runtime runs it alike: timed
                     self.stats["cache_hits"] += 1
                 elif p.run_key not in prepared:
                     prepared[p.run_key] = p
+                    bounds[p.run_key] = bound
                     self._roofline_s += super().kernel_cost(k, graph)
             timed = self._time_batch(prepared)
             self.stats["measure_s"] += time.perf_counter() - t0
             for run_key, m in timed.items():
-                m = self.cache.put(run_key, self.device_id, prepared[run_key].config, m)
+                if in_bounds(m.median_s, bounds[run_key]):
+                    stored = self.cache.put(run_key, self.device_id, prepared[run_key].config, m)
+                    m = stored if in_bounds(stored.median_s, bounds[run_key]) else m
+                else:  # measured here, so real, but not what the bounds let a cache hold: used now, not stored
+                    self.stats["out_of_bounds_measured"] += 1
                 self._timing[run_key] = m
                 self.stats["measured"] += 1
                 self._timed_s += m.median_s
@@ -424,7 +488,7 @@ class MeasuredKernelCostModel(TargetCostModel):
         ReorderOutput pair timed alone (optimisations off, so the pair is kept), less the run overhead."""
         c = -(-shape[1] // 4) * 4  # the blocked layout's channels are a multiple of 4
         probe = reorder_probe((shape[0], c, *shape[2:]))
-        m = self._timing.get(probe.key) or self.cache.get(probe.key, self.device_id)
+        m = self._timing.get(probe.key) or self._cached_probe(probe)
         if m is None:
             p = self._prepare(probe.graph, level="disable", key=probe.key)
             if p is None:
@@ -467,6 +531,12 @@ class MeasuredKernelCostModel(TargetCostModel):
         run_key = key or hashlib.sha256(config.encode()).hexdigest()[:32]
         shapes = _reorder_shapes(optimized, graph) if cpu and level == "all" else []
         return Prepared(session_runner(sess, random_inputs(graph, self.seed), cuda=not cpu), run_key, config, shapes)
+
+
+def in_bounds(seconds: float, bounds: tuple[float, float]) -> bool:
+    """Whether a kernel timing lies within its `roofline_bounds` (an upper bound of 0: no estimate, any)."""
+    low, high = bounds
+    return low <= seconds and (high <= 0 or seconds <= high)
 
 
 def _is_default(name: str, value: Any, weighted: bool) -> bool:

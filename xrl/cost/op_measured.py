@@ -23,6 +23,7 @@ the per-op CVs), CUDA graphs and an L2 flush on the GPU, and a cache that outliv
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -60,10 +61,64 @@ MAX_SANE_S = 60.0
 MAX_SANE_CV = 10.0
 
 
-def _checksum(key: str, device: str, median_s: float, cv: float, repeats: int, min_s: float, max_s: float) -> str:
-    """What a row's numbers must hash to: a flipped bit or a hand-edited timing is caught on read."""
-    text = f"{key}|{device}|{median_s!r}|{cv!r}|{int(repeats)}|{min_s!r}|{max_s!r}"
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+# Waiting for another process's lock on a cache file: a line on stderr after LOCK_NOTICE_S, at most LOCK_WAIT_S
+LOCK_NOTICE_S = 2.0
+LOCK_WAIT_S = 60.0
+
+# The per-install secret that keys every row's checksum, beside the cache files (mode 0600)
+SECRET_FILE = "cache.key"
+_SECRET_BYTES = 32
+
+
+def _checksum(secret: bytes, key: str, device: str, median_s: float, cv: float, repeats: int, min_s: float,
+              max_s: float) -> str:
+    """What a row's numbers must hash to, keyed by the install's secret (HMAC-SHA256): a flipped bit, a
+    hand-edited timing, or a row forged with its plain hash recomputed is caught on read."""
+    text = f"timing|{key}|{device}|{median_s!r}|{cv!r}|{int(repeats)}|{min_s!r}|{max_s!r}"
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _alias_checksum(secret: bytes, key: str, device: str, target: str) -> str:
+    """An alias row's keyed checksum: repointing a kernel at another kernel's timing is caught on read."""
+    return hmac.new(secret, f"alias|{key}|{device}|{target}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def cache_secret(directory: Path) -> bytes:
+    """The install's secret in `directory/cache.key`: 32 random bytes, readable by the user alone (0600).
+    Made atomically where missing or damaged: written in full under a temporary name (created 0600), then
+    linked into place, so a concurrent process either finds the whole file or makes its own and takes the
+    one that got there first. A damaged key is replaced: every row is then refused and measured again."""
+    import secrets
+
+    path = directory / SECRET_FILE
+    for _ in range(5):
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read(_SECRET_BYTES + 1)
+            if st.st_mode & 0o077 and st.st_uid == os.getuid():
+                os.chmod(path, 0o600)  # private to the user: another user who reads it could forge rows
+            if len(data) == _SECRET_BYTES:
+                return data
+        except FileNotFoundError:
+            data = None
+        tmp = directory / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(_SECRET_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            if data is None:
+                os.link(tmp, path)  # fails if another process made it meanwhile: theirs is read next time round
+            else:
+                os.replace(tmp, path)  # damaged (a short file): replaced whole
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise OSError(f"cannot make the cache's key {path}")
 
 
 def sane(m: Measurement) -> bool:
@@ -77,9 +132,11 @@ def sane(m: Measurement) -> bool:
 class OpTimingCache:
     """Timings on disk: (config key, device id) -> Measurement, in an sqlite database (WAL mode).
 
-    Every row carries a checksum of its numbers. A row that fails it, or holds a timing no machine
-    produces (`sane`), is deleted on read and reported missing, so the caller measures it again: a
-    corrupted cache costs time, never a wrong number. Any sqlite failure (a file that is not a
+    Every row (timings and aliases) carries a checksum of its contents keyed by the install's secret
+    (`cache_secret`: HMAC-SHA256, the key in `cache.key` beside the file, private to the user), so an
+    edited or forged row is refused even with its plain hash recomputed. A row that fails it, or holds a
+    timing no machine produces (`sane`), is deleted on read and reported missing, so the caller measures
+    it again: a corrupted cache costs time, never a wrong number. Any sqlite failure (a file that is not a
     database, a locked or read-only file, another schema) is one `CacheError` line.
     The connection opens lazily, reopens after a fork, and is left out when the object is pickled.
     """
@@ -90,16 +147,19 @@ class OpTimingCache:
         created REAL NOT NULL, checksum TEXT NOT NULL,
         PRIMARY KEY (key, device)) WITHOUT ROWID"""
 
-    # What a key stands for: a kernel's model -> the key of what the runtime runs for it (many models, one kernel)
-    _ALIASES = """CREATE TABLE IF NOT EXISTS key_aliases_v1 (
-        key TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (key, device)) WITHOUT ROWID"""
+    # What a key stands for: a kernel's model -> the key of what the runtime runs for it (many models, one
+    # kernel), each row with its keyed checksum (v1 had none: a repointed alias steered a graph's cost)
+    _ALIASES = """CREATE TABLE IF NOT EXISTS key_aliases_v2 (
+        key TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL, checksum TEXT NOT NULL,
+        PRIMARY KEY (key, device)) WITHOUT ROWID"""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._lock = threading.Lock()
-        self.refused = 0  # rows deleted on read as corrupted or insane
+        self.refused = 0  # rows deleted on read as corrupted, insane or out of their kernel's bounds
+        self._secret: bytes | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
@@ -116,14 +176,16 @@ class OpTimingCache:
             return self._conn
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable across a killed process, never corrupt
-            conn.execute(self._SCHEMA)
-            conn.execute(self._ALIASES)
+            # sqlite waits LOCK_NOTICE_S for a lock on its own; then xrl says so and waits the rest (`_execute`)
+            conn = sqlite3.connect(self.path, timeout=LOCK_NOTICE_S, isolation_level=None, check_same_thread=False)
+            self._execute(conn, "PRAGMA journal_mode=WAL")
+            self._execute(conn, "PRAGMA synchronous=NORMAL")  # with WAL: durable across a killed process, never corrupt
+            self._execute(conn, self._SCHEMA)
+            self._execute(conn, self._ALIASES)
             columns = [r[1] for r in conn.execute("PRAGMA table_info(op_timings_v2)")]
             if "checksum" not in columns:
                 raise sqlite3.DatabaseError("table op_timings_v2 has another schema")
+            self._secret = cache_secret(self.path.parent)
         except (sqlite3.Error, OSError) as e:
             raise self._error(e) from None
         self._conn, self._pid = conn, os.getpid()
@@ -133,9 +195,33 @@ class OpTimingCache:
         """Run one statement (its own transaction) and return its rows; any sqlite failure is a CacheError."""
         try:
             with self._lock:
-                return self._connection().execute(sql, params).fetchall()
+                return self._execute(self._connection(), sql, params)
         except sqlite3.Error as e:
             raise self._error(e) from None
+
+    def _execute(self, conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[tuple]:
+        """One statement; where another process holds the file's lock past LOCK_NOTICE_S, a line on stderr
+        says xrl is waiting for it, and it waits up to LOCK_WAIT_S in all (then a CacheError)."""
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+        import sys
+
+        print(f"xrl: waiting for the timing cache lock on {self.path} (another process is writing it; up to "
+              f"{LOCK_WAIT_S:.0f} s)", file=sys.stderr, flush=True)
+        conn.execute(f"PRAGMA busy_timeout = {int((LOCK_WAIT_S - LOCK_NOTICE_S) * 1000)}")
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(LOCK_NOTICE_S * 1000)}")
+
+    @property
+    def secret(self) -> bytes:
+        if self._secret is None or self._pid != os.getpid():
+            self._connection()
+        return self._secret  # type: ignore[return-value]
 
     def get(self, key: str, device: str) -> Measurement | None:
         rows = self._sql("SELECT median_s, repeats, cv, min_s, max_s, checksum FROM op_timings_v2 "
@@ -145,14 +231,20 @@ class OpTimingCache:
         median_s, repeats, cv, min_s, max_s, checksum = rows[0]
         try:
             m = Measurement(float(median_s), int(repeats), float(cv), float(min_s), float(max_s))
-            ok = sane(m) and checksum == _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)
+            ok = sane(m) and isinstance(checksum, str) and hmac.compare_digest(
+                checksum, _checksum(self.secret, key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s))
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            self._sql("DELETE FROM op_timings_v2 WHERE key = ? AND device = ?", (key, device))
-            self.refused += 1
+            self.discard(key, device)
             return None
         return m
+
+    def discard(self, key: str, device: str) -> None:
+        """Delete a row its reader refuses (corrupted, insane, or outside its kernel's bounds): it is measured
+        again."""
+        self._sql("DELETE FROM op_timings_v2 WHERE key = ? AND device = ?", (key, device))
+        self.refused += 1
 
     def put(self, key: str, device: str, config: str, m: Measurement) -> Measurement:
         """Store `m` unless another process stored this key first; returns the stored value. An insane
@@ -161,16 +253,27 @@ class OpTimingCache:
             return m
         self._sql("INSERT OR IGNORE INTO op_timings_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                   (key, device, config, m.median_s, m.cv, m.repeats, m.min_s, m.max_s, time.time(),
-                   _checksum(key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)))
+                   _checksum(self.secret, key, device, m.median_s, m.cv, m.repeats, m.min_s, m.max_s)))
         stored = self.get(key, device)
         return m if stored is None else stored
 
     def get_alias(self, key: str, device: str) -> str | None:
-        rows = self._sql("SELECT target FROM key_aliases_v1 WHERE key = ? AND device = ?", (key, device))
-        return rows[0][0] if rows and isinstance(rows[0][0], str) else None
+        """The run key `key` stands for; None where there is none or its row fails its keyed checksum (the row
+        is then deleted, counted in `refused`, and the kernel's session is made again to find its key)."""
+        rows = self._sql("SELECT target, checksum FROM key_aliases_v2 WHERE key = ? AND device = ?", (key, device))
+        if not rows:
+            return None
+        target, checksum = rows[0]
+        if isinstance(target, str) and isinstance(checksum, str) and hmac.compare_digest(
+                checksum, _alias_checksum(self.secret, key, device, target)):
+            return target
+        self._sql("DELETE FROM key_aliases_v2 WHERE key = ? AND device = ?", (key, device))
+        self.refused += 1
+        return None
 
     def put_alias(self, key: str, device: str, target: str) -> None:
-        self._sql("INSERT OR IGNORE INTO key_aliases_v1 VALUES (?, ?, ?)", (key, device, target))
+        self._sql("INSERT OR IGNORE INTO key_aliases_v2 VALUES (?, ?, ?, ?)",
+                  (key, device, target, _alias_checksum(self.secret, key, device, target)))
 
     def __len__(self) -> int:
         return int(self._sql("SELECT COUNT(*) FROM op_timings_v2")[0][0])
