@@ -69,7 +69,7 @@ def _outputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
 def _check_composites(graph: Graph, engines: tuple[RewriteEngine, RewriteEngine], expected: set[str]) -> set[str]:
     """Replay greedy over all rules; at the first step of each composite rule, route it with elementary rules."""
     full, elementary = engines
-    kinds = {r.name: r.kind for r in full.rules}
+    kinds = {r.name: r.kind for r in (*full.rules, *elementary.rules)}
     done: set[str] = set()
     cost = COST.cost(graph)
     for _ in range(200):

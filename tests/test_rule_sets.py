@@ -27,6 +27,9 @@ def test_kind_is_parsed_and_defaults_to_elementary() -> None:
     assert parse_rules(RULE.format(kind=""))[0].kind == "elementary"
     with pytest.raises(RuleSyntaxError, match="unknown kind 'atomic'"):
         parse_rules(RULE.format(kind=" kind=atomic"))
+    assert not parse_rules(RULE.format(kind=" kind=elementary in_all=no"))[0].in_all
+    with pytest.raises(RuleSyntaxError, match="in_all is yes or no"):
+        parse_rules(RULE.format(kind=" kind=composite in_all=no"))
 
 
 def test_every_builtin_rule_declares_its_kind() -> None:
@@ -41,7 +44,11 @@ def test_named_sets() -> None:
     elementary = load_rules(rule_set="elementary")
     composite = load_rules(rule_set="composite")
     assert {r.kind for r in elementary} == {"elementary"} and {r.kind for r in composite} == {"composite"}
-    assert len(elementary) + len(composite) == len(everything)
+    # `all` is the default optimisation's set: the steps declared in_all=no are in the elementary set only
+    only_elementary = {r.name for r in elementary if not r.in_all}
+    assert only_elementary >= {"move_bias_past_product", "avgpool_conv1x1_as_conv"}
+    assert not only_elementary & set(everything.names())
+    assert set(everything.names()) | only_elementary == set(elementary.names()) | set(composite.names())
     assert load_rules(rule_set="all") is everything
     # the merges that took the headroom away are composite
     assert {r.name for r in composite} >= {"merge_lowrank_linear_scaled", "merge_lowrank_gemm",
@@ -49,7 +56,8 @@ def test_named_sets() -> None:
     lora = load_rules(rule_set="lora")
     union = load_rules(rule_set="elementary + lora")
     assert set(union.names()) == set(elementary.names()) | set(lora.names())
-    assert union.names() == [n for n in everything.names() if n in set(union.names())]  # file order kept
+    every = load_rules(rule_set="all+elementary").names()
+    assert union.names() == [n for n in every if n in set(union.names())]  # file order kept
 
 
 def test_unknown_set_is_one_config_error_listing_the_choices() -> None:

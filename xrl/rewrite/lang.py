@@ -20,8 +20,10 @@ with `ast`:
   that does what a sequence of elementary rules does, e.g. merge_lowrank_* = fold the scale, move the
   bias, reassociate, factor; its elementary steps must exist as rules too, so that the `elementary`
   rule set reaches the same graph). A header without `kind=` is elementary; the built-in files declare
-  it on every rule (`xrl rules list` shows it). Named rule sets select by kind and file
-  (`xrl.rewrite.rules.select_rules`, `--rules all|elementary|composite|<file stem>`, joined with `+`).
+  it on every rule (`xrl rules list` shows it). `in_all=no` leaves an elementary rule out of the `all`
+  set (the default optimisation's): a step only a composite needs, which the default search, alone, would
+  take where the composite does better. Named rule sets select by kind and file (`xrl.rewrite.rules`,
+  `--rules all|elementary|composite|<file stem>`, joined with `+`).
   `shared=t,u` lets the intermediate values t, u keep other consumers (their
   producers then stay); any other `key=A|B|C` makes the rule a template, expanded once per value
   with `{key}` substituted in its name, comment and body.
@@ -170,6 +172,7 @@ class Rule:
     optional: frozenset[str]
     text: str = field(repr=False, default="")
     kind: str = "elementary"  # or "composite": see the module docstring
+    in_all: bool = True  # in the `all` rule set (header `in_all=no`: the elementary set only)
 
     @property
     def source_ops(self) -> int:
@@ -254,6 +257,9 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
     kind = options.pop("kind", "elementary")
     if kind not in KINDS:
         raise RuleSyntaxError(file, line, f"rule {name!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    in_all = options.pop("in_all", "yes")
+    if in_all not in ("yes", "no") or (in_all == "no" and kind != "elementary"):
+        raise RuleSyntaxError(file, line, f"rule {name!r}: in_all is yes or no, and no only for an elementary rule")
     params = {k: v.split("|") for k, v in options.items()}
     for p in _PARAM.findall(name):
         if p not in params:
@@ -265,7 +271,7 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
         sub = dict(zip(params, combo))
         fill = lambda s, sub=sub: _PARAM.sub(lambda m: sub.get(m.group(1), m.group(0)), s)
         rule = _parse_rule(file, line, fill(name), family, fill(comment), shared, [(n, fill(t)) for n, t in body])
-        out.append(dataclasses.replace(rule, kind=kind) if kind != rule.kind else rule)
+        out.append(dataclasses.replace(rule, kind=kind, in_all=in_all == "yes"))
     return out
 
 

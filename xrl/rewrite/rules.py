@@ -9,7 +9,9 @@ verification is never loaded; `xrl rules verify` (which always verifies afresh) 
 Named rule sets (issue 32). Every rule is `kind=elementary` or `kind=composite` (`xrl.rewrite.lang`), and
 `load_rules(rule_set=NAME)` keeps the verified rules of the set NAME names:
 
-- `all` (the default of `xrl optimize`): every rule;
+- `all` (the default of `xrl optimize`): every rule but the elementary steps declared `in_all=no` (steps
+  only a composite needs, which alone would change what the default search finds: `all` is the set the
+  default optimisation had before rule sets existed);
 - `elementary`: the elementary rules, the research setting (a composite's work then takes its sequence
   of steps, some of which raise the cost or only reorder: the foresight a learned policy can add);
 - `composite`: the composite rules;
@@ -154,7 +156,7 @@ def rule_set_members(rules: Iterable[Rule], rule_set: str) -> set[str]:
                           f"{', '.join(choices)}, or several joined with '+' (e.g. elementary+lora)")
     keep: set[str] = set()
     for p in parts:
-        keep |= {r.name for r in rules if p == "all" or r.kind == p or Path(r.file).stem == p}
+        keep |= {r.name for r in rules if (p == "all" and r.in_all) or r.kind == p or Path(r.file).stem == p}
     return keep
 
 
@@ -223,8 +225,6 @@ def load_rules(paths: Iterable[str | Path] | None = None, *, verified_only: bool
     """
     rule_set = active_rule_set() if rule_set is None else rule_set
     full = _load_all(paths, verified_only=verified_only, seed=seed, trials=trials)
-    if rule_set == DEFAULT_RULE_SET:
-        return full
     if not verified_only:
         return full.select_set(rule_set)
     key = (id(full), rule_set)
