@@ -1,4 +1,5 @@
-"""Every tensor an ONNX file declares, checked against `XRL_MAX_ELEMENTS` before anything is read.
+"""Every tensor an ONNX file declares, checked against `XRL_MAX_ELEMENTS` before anything is read (and
+control flow, which xrl does not support, refused by name rather than by the shapes it leaves unknown).
 
 `onnx.load` reads every weight, external data included, before xrl sees a shape: a weight that declares
 805M float32 elements in a 3 GiB external file (sparse: it costs nothing to make) would be read and
@@ -22,7 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xrl.errors import ModelLoadError
 from xrl.limits import check_elements, check_shape
+
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})  # ops that hold subgraphs: xrl's IR has no control flow
 
 # Bytes per element of each TensorProto.DataType (sub-byte types count as one; strings as a pointer)
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 8: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16,
@@ -144,7 +148,9 @@ def _sparse(buf: mmap.mmap | bytes, start: int, end: int) -> Iterator[DeclaredTe
     yield dense
 
 
-def _graph(buf: mmap.mmap | bytes, start: int, end: int, depth: int) -> Iterator[DeclaredTensor]:
+def _graph(buf: mmap.mmap | bytes, start: int, end: int, depth: int,
+           control: list[tuple[str, str]] | None = None) -> Iterator[DeclaredTensor]:
+    """The graph's declared tensors; its control-flow nodes (name, op) go to `control` where given."""
     if depth > _MAX_DEPTH:
         return
     for number, wire, a, b in _fields(buf, start, end):
@@ -155,9 +161,18 @@ def _graph(buf: mmap.mmap | bytes, start: int, end: int, depth: int) -> Iterator
         elif number == 15:  # sparse_initializer
             yield from _sparse(buf, a, b)
         elif number == 1:  # node: its attributes' tensors and subgraphs
+            name = op = domain = ""
             for n2, w2, a2, b2 in _fields(buf, a, b):
                 if n2 == 5 and w2 == 2:
                     yield from _attribute(buf, a2, b2, depth)
+                elif n2 == 3 and w2 == 2:
+                    name = _text(buf, a2, b2)
+                elif n2 == 4 and w2 == 2:
+                    op = _text(buf, a2, b2)
+                elif n2 == 7 and w2 == 2:
+                    domain = _text(buf, a2, b2)
+            if control is not None and op in CONTROL_FLOW and domain in ("", "ai.onnx"):
+                control.append((name, op))
 
 
 def _attribute(buf: mmap.mmap | bytes, start: int, end: int, depth: int) -> Iterator[DeclaredTensor]:
@@ -172,27 +187,35 @@ def _attribute(buf: mmap.mmap | bytes, start: int, end: int, depth: int) -> Iter
             yield from _sparse(buf, a, b)
 
 
-def declared_tensors(buf: mmap.mmap | bytes) -> Iterator[DeclaredTensor]:
+def declared_tensors(buf: mmap.mmap | bytes, control: list[tuple[str, str]] | None = None
+                     ) -> Iterator[DeclaredTensor]:
     """Every tensor a serialised ModelProto declares (graph initialisers, sparse ones, tensor attributes,
-    in subgraphs too), from its structure alone."""
+    in subgraphs too), from its structure alone; the main graph's control-flow nodes go to `control`."""
     for number, wire, a, b in _fields(buf, 0, len(buf)):
         if number == 7 and wire == 2:  # ModelProto.graph
-            yield from _graph(buf, a, b, 0)
+            yield from _graph(buf, a, b, 0, control)
 
 
 def check_declared_sizes(path: str | os.PathLike) -> None:
-    """Refuse (TensorTooLargeError, one line) an ONNX file any of whose tensors declares more elements than
-    XRL_MAX_ELEMENTS, by dims or by the length of its external data, before any of it is read."""
+    """Refuse an ONNX file before any of it is read (one line each): a tensor that declares more elements
+    than XRL_MAX_ELEMENTS, by dims or by the length of its external data (TensorTooLargeError); a graph
+    with control flow (If, Loop, Scan), which xrl does not support (ModelLoadError)."""
     p = Path(path)
     size = p.stat().st_size
     if size == 0:
         return
+    control: list[tuple[str, str]] = []
     with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         try:
-            for t in declared_tensors(buf):
+            for t in declared_tensors(buf, control):
                 _check(t, p)
         except _Malformed:
             return
+    if control:
+        (name, op), more = control[0], len(control) - 1
+        others = f" (and {more} more control-flow node{'s' if more > 1 else ''})" if more else ""
+        raise ModelLoadError(f"{p}: node {name!r} is a {op}{others}: control flow (If, Loop, Scan) is not supported; "
+                             f"export the model without it (unroll the loop, or trace one branch with fixed shapes)")
 
 
 def _check(t: DeclaredTensor, model: Path) -> None:

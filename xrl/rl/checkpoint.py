@@ -142,12 +142,18 @@ def read_checkpoint(path: str | Path, *, fmt: str, what: str, missing_hint: str,
     """A checkpoint of format `fmt` read back and its checksum checked: the one reader behind the rewrite
     policy's and the pass-ordering policy's loaders. `what` names the kind in messages."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path}: no such {what} checkpoint ({missing_hint})")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a {what} checkpoint file")
+    if not path.is_file():  # a device (/dev/zero would be read until memory runs out) or a FIFO
+        raise CheckpointError(f"{path} is not a regular file (a device or pipe); a {what} checkpoint is a file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from None
+    except Exception as e:  # one line: torch's own message for a truncated file runs to several
+        brief = next((line.strip() for line in str(e).splitlines() if line.strip()), "")[:200]
+        raise CheckpointError(f"{path} is not a readable checkpoint, truncated or damaged ({type(e).__name__}"
+                              f"{': ' + brief if brief else ''})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != fmt:
         found = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise CheckpointError(f"{path} is not a {what} checkpoint (format {found!r}, expected {fmt})"

@@ -52,8 +52,20 @@ def _overrides(run: Path) -> tuple[str, ...]:
     with path.open("rb") as f:
         text = f.read(1 << 20).decode("utf-8", errors="replace")
     # Hydra writes a YAML list of strings, one "- key=value" per line: no YAML parser needed.
-    return tuple(line.strip()[2:].strip().strip("'\"")[:200] for line in text.splitlines()
+    return tuple(clean(line.strip()[2:].strip().strip("'\"")[:200]) for line in text.splitlines()
                  if line.strip().startswith("- "))[:64]
+
+
+def clean(text: str) -> str:
+    """A name from a file as printable text: control characters and lone surrogates (which no file and no font
+    can hold) become '?'."""
+    import unicodedata
+
+    return "".join("?" if unicodedata.category(c) in ("Cc", "Cs", "Cn") else c for c in text)
+
+
+# A speed-up outside these bounds is not one a run measured: skipped like an unreadable line
+MIN_SPEEDUP, MAX_SPEEDUP = 1e-6, 1e6
 
 
 def _rows(path: Path) -> list[dict]:
@@ -89,8 +101,9 @@ def _read_run(run: Path) -> RunSummary | None:
     dropped: set[str] = set()
     for r in rows:
         for k, v in r.items():
-            if k.startswith(prefix) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                g = k[len(prefix):]
+            if k.startswith(prefix) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
+                    and MIN_SPEEDUP <= v <= MAX_SPEEDUP:
+                g = clean(k[len(prefix):][:200])
                 if g not in final and len(final) >= MAX_GRAPHS:
                     dropped.add(g)
                     continue
@@ -164,12 +177,32 @@ def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dic
         import matplotlib.pyplot as plt
     except ImportError:
         return out
+    import logging
+
+    import numpy as np
+
+    # whatever the names hold (a glyph no font has, a '$' mathtext reads), matplotlib's warnings and log lines
+    # stay out of the user's terminal: the table is the summary, the plot a picture of it
+    level = logging.getLogger("matplotlib").level
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with np.errstate(all="ignore"):
+                return _plot(plt, root, rows, out)
+    finally:
+        logging.getLogger("matplotlib").setLevel(level)
+
+
+def _plot(plt, root: Path, rows: list[list[str]], out: dict[str, Path]) -> dict[str, Path]:  # noqa: ANN001
     configs = sorted({r[0] for r in rows})
     graphs = sorted({r[1] for r in rows})
     if len(configs) > PLOT_CONFIGS or len(graphs) > PLOT_GRAPHS:  # a readable plot, in bounded time and pixels
-        warnings.warn(f"the plot shows {min(len(graphs), PLOT_GRAPHS)} of {len(graphs)} graphs and "
-                      f"{min(len(configs), PLOT_CONFIGS)} of {len(configs)} configurations; the table has them all",
-                      XrlWarning, stacklevel=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.warn(f"the plot shows {min(len(graphs), PLOT_GRAPHS)} of {len(graphs)} graphs and "
+                          f"{min(len(configs), PLOT_CONFIGS)} of {len(configs)} configurations; the table has them "
+                          f"all", XrlWarning, stacklevel=3)
         configs, graphs = configs[:PLOT_CONFIGS], graphs[:PLOT_GRAPHS]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(graphs) * max(1, len(configs)) / 2), 4))
     width = 0.8 / max(len(configs), 1)
@@ -177,8 +210,10 @@ def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dic
         mean = {r[1]: float(r[4].split(" ± ")[0]) for r in rows if r[0] == cfg}
         sd = {r[1]: float(r[4].split(" ± ")[1]) for r in rows if r[0] == cfg}
         xs = [j + i * width for j in range(len(graphs))]
-        ax.bar(xs, [mean.get(g, 0) for g in graphs], width, yerr=[sd.get(g, 0) for g in graphs], label=cfg)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(graphs))], graphs, rotation=30, ha="right")
+        ax.bar(xs, [mean.get(g, 0) for g in graphs], width, yerr=[sd.get(g, 0) for g in graphs],
+               label=_label(cfg))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(graphs))], [_label(g) for g in graphs], rotation=30,
+                  ha="right")
     ax.set_ylabel("best speed-up (mean ± sd over seeds)")
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.legend(fontsize=7)
@@ -188,3 +223,8 @@ def write_summary(root: str | Path, runs: list[RunSummary] | None = None) -> dic
     plt.close(fig)
     out["plot"] = png
     return out
+
+
+def _label(text: str) -> str:
+    """Plain text for a plot label: '$' would start mathtext, a leading '_' hide a legend entry."""
+    return text.replace("$", r"\$").lstrip("_") or "?"
