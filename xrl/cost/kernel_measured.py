@@ -25,9 +25,11 @@ the device it optimised for:
   its ends) are timed alone and taken off. A graph's cost is the run's fixed cost (`RunOverhead`,
   measured once per machine) plus its kernels' net costs.
 - Timings persist in the on-disk cache shared with the `op` model's design (`OpTimingCache`: one
-  transaction per timing, a checksum per row, insane or tampered rows refused and re-measured), in
-  `kernel_costs.sqlite`, keyed by the run key and by the runtime's version, provider, threads and the
-  CPU or GPU model; a kernel's model key maps to its run key in the same file.
+  transaction per timing, a checksum per row keyed by the install's secret, insane or tampered rows
+  refused and re-measured), in `kernel_costs.sqlite`, keyed by the run key and by the runtime's version,
+  provider, threads and the CPU or GPU model; a kernel's model key maps to its run key in the same file
+  (an alias row, checksummed alike). A cached timing outside its kernel's `roofline_bounds` (0.1x its work
+  at the profile's peak rates to 1000x its roofline estimate) is refused, measured again and counted.
 - A kernel not yet timed is timed on first use. Past `deadline` (the search's time limit) or when
   onnxruntime cannot run it alone, its cost is the roofline scaled by the measured-to-roofline ratio
   of the kernels timed so far: a named fallback, counted in `stats`.
