@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{len(r.steps)} steps ({r.raising} raising, {r.neutral} neutral, {r.non_greedy} non-greedy) in "
                   f"{time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             if not args.no_write:  # after every graph: an interrupted run keeps what it made
+                try:  # what another run (another split) wrote meanwhile is kept
+                    old = suite.load_references()
+                except Exception:  # noqa: BLE001
+                    pass
                 merged = {**old, **{x.name: x for x in refs}}
                 order = [x.name for x in suite.suite_graphs(None)]
                 suite.write_references([merged[n] for n in order if n in merged], budget_s=args.budget,

@@ -38,7 +38,8 @@ def _optional_command_modules() -> list:
     import importlib
 
     mods = []
-    for name in ("xrl.cli.rl_commands", "xrl.cli.compare_commands", "xrl.cli.env_commands", "xrl.cli.policy_commands"):
+    for name in ("xrl.cli.rl_commands", "xrl.cli.compare_commands", "xrl.cli.env_commands", "xrl.cli.policy_commands",
+                 "xrl.cli.bench_commands"):
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as e:

@@ -48,9 +48,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     # train: LoRA merges that greedy closes off, parallel sums, ACNet/MobileOne branches, a NAS cell
     "gen_lora_trap": ("train", tuple(f"gen:gen_lora_trap:{s}" for s in range(6))),
     "gen_sum_trap": ("train", tuple(f"gen:gen_sum_trap:{s}" for s in range(6))),
-    "lora_encoder": ("train", ("fam_lora_encoder_ts", "fam_lora_encoder_dynamo")),
+    "lora_encoder": ("train", ("fam_lora_encoder_ts", "fam_lora_encoder_dynamo", "fam_lora_encoder_full_ts")),
     "lora_decoder": ("train", ("fam_lora_decoder_ts", "fam_lora_decoder_dynamo")),
-    "acnet": ("train", ("fam_acnet_ts", "fam_acnet_dynamo")),
+    "acnet": ("train", ("fam_acnet_ts", "fam_acnet_dynamo", "fam_acnet_full_ts")),
     "mobileone": ("train", ("fam_mobileone_ts", "fam_mobileone_dynamo")),
     "lora_headroom": ("train", ("lora_tiny", "lora_mlp", "lora_ffn", "lora_qkv", "multi_lora")),
     "nasnet": ("train", ("nasnet_a",)),
@@ -60,8 +60,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "nasrnn": ("validation", ("nasrnn",)),
     # held-out
     "gen_branch_trap": ("held-out", tuple(f"gen:gen_branch_trap:{s}" for s in range(6))),
-    "repvgg": ("held-out", ("fam_repvgg_ts", "fam_repvgg_dynamo")),
-    "lora_vit": ("held-out", ("fam_lora_vit_ts", "fam_lora_vit_dynamo")),
+    "repvgg": ("held-out", ("fam_repvgg_ts", "fam_repvgg_dynamo", "fam_repvgg_full_ts", "fam_repvgg_xl_ts")),
+    "lora_vit": ("held-out", ("fam_lora_vit_ts", "fam_lora_vit_dynamo", "fam_lora_vit_full_ts")),
 }
 
 
@@ -327,6 +327,29 @@ def verify(original: Graph, result: Graph, seed: int = 0) -> float:
 VERIFY_TOLERANCE = 1e-4
 
 
+class CallCounter:
+    """Counts the calls made to a cost model (whole-graph costs and per-op deltas): a run's budget in cost-model
+    calls, reported beside its seconds. `model` is a shallow copy of the wrapped model whose `cost` and
+    `delta_cost` count (a copy, so that `isinstance` checks and every other attribute are the model's own)."""
+
+    def __init__(self, inner: Any) -> None:
+        import copy
+
+        self.calls = 0
+        self.model = copy.copy(inner)
+        cost, delta = inner.cost, inner.delta_cost
+
+        def counted_cost(graph: Graph) -> float:
+            self.calls += 1
+            return cost(graph)
+
+        def counted_delta(*args: Any, **kwargs: Any) -> float:
+            self.calls += 1
+            return delta(*args, **kwargs)
+
+        self.model.cost, self.model.delta_cost = counted_cost, counted_delta
+
+
 @dataclass
 class BenchRow:
     graph: str
@@ -339,6 +362,7 @@ class BenchRow:
     rewrites: int
     verified: bool
     max_rel_err: float
+    cost_calls: int = 0
     stale: bool = False
     error: str = ""
 
@@ -366,11 +390,12 @@ def run_bench(method: str, *, split: str | None = "held-out", names: Iterable[st
             for seed in seeds:
                 t0 = time.perf_counter()
                 row = BenchRow(e.name, e.family, seed, math.nan, math.nan, ref.gain if ref else math.nan, 0.0, 0,
-                               False, math.nan, stale)
+                               False, math.nan, stale=stale)
+                counted = CallCounter(cost)
                 try:
-                    res = run_search(method, graph, cost, seed=seed, steps=None, time_limit=time_limit,
+                    res = run_search(method, graph, counted.model, seed=seed, steps=None, time_limit=time_limit,
                                      options=dict(options or {}))
-                    row.time_s = time.perf_counter() - t0
+                    row.time_s, row.cost_calls = time.perf_counter() - t0, counted.calls
                     best = res.graph.validate()
                     c = cost.cost(best)
                     row.speedup, row.rewrites = c0 / c, len(res.steps)
@@ -405,5 +430,6 @@ def leaderboard(rows: Sequence[BenchRow], *, method: str, split: str | None, tim
         "reference_geomean": geomean([r.reference_gain for r in rows if not math.isnan(r.reference_gain)])
         if rows else math.nan,
         "mean_time_s": float(np.mean([r.time_s for r in rows])) if rows else math.nan,
+        "mean_cost_calls": float(np.mean([r.cost_calls for r in rows])) if rows else math.nan,
         "stale_references": sum(r.stale for r in rows),
     }
