@@ -110,3 +110,24 @@ def test_compare_policy_needs_rl(capsys: pytest.CaptureFixture[str], tmp_path) -
     assert main(["compare", "--graphs", "mlp", "--methods", "greedy", "--policy", "p.pt",
                  "--out", str(tmp_path)]) == 2
     assert "--policy applies to the rl method" in capsys.readouterr().err
+
+
+def test_graphs_list_prints_before_it_builds(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32, item 6: `xrl graphs list` printed nothing until it had built all 93 graphs (minutes)."""
+    from xrl import graphs
+    from xrl.cli.main import main
+
+    seen: list[str] = []
+    build = graphs.build
+
+    def watched(name: str, *a, **kw):  # noqa: ANN002, ANN003, ANN202
+        seen.append(capsys.readouterr().out)
+        return build(name, *a, **kw)
+
+    monkeypatch.setattr(graphs, "build", watched)
+    assert main(["graphs", "list", "--suite", "small"]) == 0
+    assert seen[0].startswith("name") and "mlp" in seen[1]  # the header before the first build, a row per build
+    seen.clear()
+    assert main(["graphs", "list", "--no-sizes"]) == 0
+    assert not seen and "fam_repvgg_xl_ts" in capsys.readouterr().out

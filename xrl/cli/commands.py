@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from xrl.graphs import SUITES
 
     p.add_argument("--suite", choices=SUITES, help="only this suite")
+    p.add_argument("--no-sizes", action="store_true",
+                   help="names, suites and descriptions only, at once (the sizes build each graph: the families' "
+                        "torch exports take seconds each)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_graphs_list)
     p = gsub.add_parser("export", help="write a built-in graph as ONNX")
@@ -151,27 +154,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_graphs_list(args: argparse.Namespace) -> int:
+    """The table streams: its header at once, then a row as each graph is built (building all of them takes
+    minutes), or every row at once with --no-sizes."""
+    from xrl import graphs
+
+    names = graphs.names(args.suite)
+    specs = [graphs.BUILTIN_GRAPHS[n] for n in names]
+    if args.json:
+        print_json([{"name": n, "suite": spec.suite, "family": spec.family, **_graph_sizes(n, args.no_sizes),
+                     "description": spec.description} for n, spec in zip(names, specs, strict=True)])
+        return 0
+    widths = [max(len("name"), *map(len, names)), max(len("suite"), *(len(s.suite) for s in specs))]
+    cols = ["name", "suite"] + ([] if args.no_sizes else ["ops", "params", "FLOPs"]) + ["description"]
+    widths += [] if args.no_sizes else [5, 7, 7]
+
+    def line(vals: list[str]) -> str:
+        cells = [v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(vals, widths, strict=False))]
+        return "  ".join([*cells, vals[-1]]).rstrip()
+
+    print(line(cols))
+    print(line(["-" * w for w in widths] + ["-" * len("description")]), flush=True)
+    for name, spec in zip(names, specs, strict=True):
+        sizes = [] if args.no_sizes else _graph_sizes(name, False)
+        row = [name, spec.suite] + ([] if args.no_sizes else [str(sizes["ops"]), human_count(sizes["parameters"]),
+                                                              human_count(sizes["flops"])])
+        print(line([*row, spec.description]), flush=True)
+    return 0
+
+
+def _graph_sizes(name: str, skip: bool) -> dict:
+    """ops, parameters and FLOPs of a built-in graph (built now), or nothing when `skip`."""
+    if skip:
+        return {}
     from xrl import graphs
     from xrl.frontends.onnx_io import from_onnx
     from xrl.ir.ops import graph_flops
 
-    rows = []
-    for name in graphs.names(args.suite):
-        spec = graphs.BUILTIN_GRAPHS[name]
-        graph = from_onnx(graphs.build(name), name=name)
-        rows.append({"name": name, "suite": spec.suite, "family": spec.family, "ops": len(graph),
-                     "parameters": graph.num_parameters, "flops": graph_flops(graph), "description": spec.description})
-        if not args.json and sys.stderr.isatty():  # a count redrawn in place: only a terminal reads that
-            print(f"\r{len(rows)} graphs built", end="", file=sys.stderr, flush=True)
-    if args.json:
-        print_json(rows)
-        return 0
-    if sys.stderr.isatty():
-        print("\r", end="", file=sys.stderr)
-    print(format_table(["name", "suite", "ops", "params", "FLOPs", "description"],
-                       [[r["name"], r["suite"], r["ops"], human_count(r["parameters"]), human_count(r["flops"]),
-                         r["description"]] for r in rows]))
-    return 0
+    graph = from_onnx(graphs.build(name), name=name)
+    return {"ops": len(graph), "parameters": graph.num_parameters, "flops": graph_flops(graph)}
 
 
 def cmd_graphs_export(args: argparse.Namespace) -> int:
