@@ -3,8 +3,9 @@ the benchmark table.
 
 Per graph of the suite (`xrl.search.suite`: paper's analytic cost, the elementary rules): greedy search; the
 exhaustive search (every reachable graph, each once) up to --max-states graphs; where that does not complete,
-beam search (width 16), TASO's backtracking search and the composite-guided greedy (the default optimisation's
-greedy over all rules, each composite step replaced by its elementary route), each for --budget seconds.
+beam search (width 16, up to --beam-states graphs), TASO's backtracking search (up to --taso-expansions graphs
+expanded) and the composite-guided greedy (the default optimisation's greedy over all rules, each composite
+step replaced by its elementary route); every search also stops at --budget seconds, a backstop.
 The best is polished by greedy, its sequence minimised (non-improving steps the rest does not need are dropped)
 and analysed: the steps that raise the cost, leave it unchanged, or are not the best single step at their
 state. Greedy's share is (c0 - greedy) / (c0 - reference) in cost.
@@ -26,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def reference_for(entry, cost, eng, *, budget: float, max_states: int):  # noqa: ANN001, ANN201
+def reference_for(entry, cost, eng, *, budget: float, max_states: int, beam_states: int,  # noqa: ANN001, ANN201
+                  taso_expansions: int):
     from xrl.search import suite
     from xrl.search.beam import beam_search, exhaustive_search
     from xrl.search.greedy import greedy_search
@@ -36,13 +38,15 @@ def reference_for(entry, cost, eng, *, budget: float, max_states: int):  # noqa:
     c0 = cost.cost(graph)
     greedy = greedy_search(graph, cost, eng, time_limit=120)
     found: dict[str, tuple[float, list[str]]] = {"greedy": (greedy.cost, list(greedy.steps))}
+    # Budgets in states and expansions, so that a rerun finds the same (the time limit is a backstop on a loaded
+    # machine, which then cuts a search short: the table says how each reference was found)
     ex = exhaustive_search(graph, cost, eng, max_states=max_states, time_limit=budget)
     exhaustive = bool(ex.details.get("exhausted"))
     found["exhaustive" if exhaustive else "exhaustive (partial)"] = (ex.cost, list(ex.steps))
     if not exhaustive:
-        b = beam_search(graph, cost, eng, width=16, alpha=1.1, time_limit=budget)
+        b = beam_search(graph, cost, eng, width=16, alpha=1.1, max_states=beam_states, time_limit=budget)
         found["beam16"] = (b.cost, list(b.steps))
-        t = taso_search(graph, cost, eng, alpha=1.05, budget=100_000, time_limit=budget)
+        t = taso_search(graph, cost, eng, alpha=1.05, budget=taso_expansions, time_limit=budget)
         found["taso"] = (t.cost, list(t.steps))
         g, steps = suite.composite_guided(graph, cost, eng, time_limit=budget)
         found["composite"] = (cost.cost(g), steps)
@@ -95,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--split", default="all", help="train | validation | held-out | all (default)")
     p.add_argument("--graphs", help="comma-separated suite graph names (default: the split's)")
-    p.add_argument("--budget", type=float, default=10.0, help="seconds for each search of each graph (default 10)")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="backstop: seconds for each search of each graph (default 120)")
     p.add_argument("--max-states", type=int, default=3000, help="exhaustive search's cap (default 3000 graphs)")
+    p.add_argument("--beam-states", type=int, default=8000, help="beam search's cap (default 8000 graphs)")
+    p.add_argument("--taso-expansions", type=int, default=600, help="TASO's cap (default 600 graphs expanded)")
     p.add_argument("--no-write", action="store_true", help="print only; leave graphs/research_suite.json as it is")
     args = p.parse_args(argv)
 
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     with use_rules(suite.RULES):
         for i, e in enumerate(entries, 1):
             t = time.perf_counter()
-            r = reference_for(e, cost, eng, budget=args.budget, max_states=args.max_states)
+            r = reference_for(e, cost, eng, budget=args.budget, max_states=args.max_states,
+                              beam_states=args.beam_states, taso_expansions=args.taso_expansions)
             refs.append(r)
             print(f"[{i}/{len(entries)}] {e.name}: {r.gain:.3f}x by {r.method}, greedy's share {r.greedy_share:.0%}, "
                   f"{len(r.steps)} steps ({r.raising} raising, {r.neutral} neutral, {r.non_greedy} non-greedy) in "
@@ -127,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 merged = {**old, **{x.name: x for x in refs}}
                 order = [x.name for x in suite.suite_graphs(None)]
                 suite.write_references([merged[n] for n in order if n in merged], budget_s=args.budget,
-                                       max_states=args.max_states)
+                                       max_states=args.max_states, beam_states=args.beam_states,
+                                       taso_expansions=args.taso_expansions)
     print(table(refs))
     print()
     print(summary(refs))

@@ -17,7 +17,7 @@ on kinds of graph it never trained on.
 The graphs: small and full-size family members (`xrl.graphs.families`), the NAS cells of TASO's suite, the
 hand-built LoRA graphs of the headroom suite, and seeded generated conflict graphs (`xrl.graphs.conflicts`).
 References are recomputed by `experiments/research_suite_refs.py` and stored with each graph's content hash:
-a graph whose builder changed no longer matches its reference (`Reference.fresh`), and `xrl bench` says so.
+a graph whose builder changed no longer matches its reference (`Reference.matches`), and `xrl bench` says so.
 `run_bench` runs a search (or `--search rl` with a policy) on a split at a fixed budget and verifies every result
 with the IR's reference executor.
 """
@@ -158,7 +158,10 @@ class Reference:
     neutral: int = 0
     non_greedy: int = 0
     candidates: dict[str, float] = field(default_factory=dict)  # method -> the cost it reached
-    fresh: bool = True  # False when the graph built now no longer has `hash`
+
+    def matches(self, graph: Graph) -> bool:
+        """Whether `graph` is the graph this reference was made for (else the builder changed: recompute it)."""
+        return graph.canonical_hash == self.hash
 
     @property
     def gain(self) -> float:
@@ -211,7 +214,7 @@ def write_references(refs: Sequence[Reference], path: str | Path | None = None, 
 
     p = Path(path) if path is not None else reference_path()
     data = {"cost": COST, "target": TARGET, "rules": RULES, **meta,
-            "graphs": [{k: v for k, v in asdict(r).items() if k != "fresh"} for r in refs]}
+            "graphs": [asdict(r) for r in refs]}
     write_atomic(p, json.dumps(data, indent=1) + "\n")
     return p
 
@@ -385,7 +388,7 @@ def run_bench(method: str, *, split: str | None = "held-out", names: Iterable[st
         for e in entries:
             graph = e.build()
             ref = refs.get(e.name)
-            stale = ref is None or ref.hash != graph.canonical_hash
+            stale = ref is None or not ref.matches(graph)
             c0 = cost.cost(graph)
             for seed in seeds:
                 t0 = time.perf_counter()
