@@ -108,3 +108,13 @@ def test_a_prepass_string_means_the_pass_it_names():
     assert check_optimize_options({"prepass": "onnxslim, ort-transformers"}) == ("onnxslim", "ort-transformers")
     assert check_optimize_options({"prepass": "none"}) == ()
     assert check_optimize_options({"prepass": None}) is None
+
+
+@pytest.mark.parametrize("flag,value,words", [("--time-limit", "nan", "time_limit"), ("--seed", "-1", "seed"),
+                                              ("--steps", "-5", "steps"), ("--time-limit", "-3", "time_limit")])
+def test_the_cli_checks_its_numbers_before_reading_the_model(capsys, flag: str, value: str, words: str):
+    from cli_helpers import assert_user_error, run
+
+    code, _, err = run(capsys, "optimize", MISSING, f"{flag}={value}")
+    assert_user_error(code, err, words)
+    assert "no such file" not in err

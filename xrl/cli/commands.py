@@ -317,6 +317,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     rules = check_rule_set(args.rules)
     threads = parse_threads(args.threads)
+    from xrl.options import check_optimize_options  # numbers in range (--time-limit nan, --seed -1) before the load
+
+    check_optimize_options({"seed": args.seed, "steps": args.steps, "time_limit": args.time_limit, "threads": threads})
     loaded = load(args)
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
