@@ -125,3 +125,16 @@ def test_route_fails_without_the_bias_step(engines) -> None:
     without = RewriteEngine([r for r in elementary.rules if r.name != "move_bias_past_product"])
     assert elementary_route(graph, comp, without) is None
     assert elementary_route(graph, comp, elementary) is not None
+
+
+def test_rmsnorm_fusion_route(engines) -> None:
+    """The scaled RMSNorm fusions (onnxruntime's contrib op; `paper` prices it out, so greedy above never takes it)
+    are fuse_rmsnorm_reciprocal then fold_rmsnorm_scale."""
+    full, elementary = engines
+    graph = load_model("fam_llama_dynamo").graph
+    comp = next(c for c in full.candidates(graph) if c.rule == "fuse_rmsnorm_reciprocal_scaled")
+    route = elementary_route(graph, comp, elementary)
+    assert route is not None and [s.split("@")[0] for s in route.steps] == ["fuse_rmsnorm_reciprocal",
+                                                                            "fold_rmsnorm_scale"]
+    for got, want in zip(_outputs(route.graph), _outputs(comp.graph), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
