@@ -41,6 +41,8 @@ _TABLE = {
     "lora_vit": ("lora", "transformer", "ViT with PEFT LoRA (r 32) on q/k/v/o and the MLP, unmerged"),
     "lora_server": ("lora", "transformer", "BERT-style encoder with q/v LoRA adapters (r 8) as graph inputs (a "
                     "multi-LoRA server: nothing may be merged)"),
+    "lora_dora": ("lora", "transformer", "BERT-style encoder layers with PEFT DoRA (use_dora, r 16) on q/k/v/o and "
+                  "the MLP, unmerged"),
     "repvgg": ("reparam", "cnn", "RepVGG-A0-layout CNN in training form (3x3+BN, 1x1+BN, identity BN per block)"),
     "acnet": ("reparam", "cnn", "ACNet CNN in training form (3x3, 1x3, 3x1 conv+BN per block)"),
     "dbb": ("reparam", "cnn", "Diverse Branch Block CNN in training form (3x3, 1x1, 1x1-avg, 1x1-3x3 branches)"),
@@ -64,9 +66,9 @@ DESCRIPTIONS: dict[str, str] = {m: text for m, (_, _, text) in _TABLE.items()}
 # one member per family that the fast tests build with both exporters
 REPRESENTATIVE = {"lora": "lora_encoder", "reparam": "repvgg", "llama": "llama", "attention": "attn_bert"}
 # what onnxruntime's transformers optimizer is told (None: not a transformer, the peer does not apply)
-ORT_MODEL_TYPE = {"lora_encoder": "bert", "lora_server": "bert", "lora_decoder": "gpt2", "lora_vit": "vit",
-                  "llama": "gpt2", "llama_eager": "gpt2", "attn_mha": "bert", "attn_mha_causal": "gpt2",
-                  "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert"}
+ORT_MODEL_TYPE = {"lora_encoder": "bert", "lora_server": "bert", "lora_dora": "bert", "lora_decoder": "gpt2",
+                  "lora_vit": "vit", "llama": "gpt2", "llama_eager": "gpt2", "attn_mha": "bert",
+                  "attn_mha_causal": "gpt2", "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert"}
 
 __doc__ += "\n".join(f"- {fam}: {', '.join(m for m, f in MEMBERS.items() if f == fam)}" for fam in FAMILIES) + "\n"
 

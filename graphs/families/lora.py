@@ -11,10 +11,11 @@ Members:
 - lora_decoder: OPT-style pre-LN decoder layers (q/k/v/out_proj, fc1/fc2 with ReLU, causal additive mask), r 8;
 - lora_vit: a ViT (conv patch embedding, cls token, pre-LN layers, GELU, head), r 32;
 - lora_server: the encoder with q and v adapters as graph inputs (a multi-LoRA server's form: the
-  adapter is chosen per request, so nothing may be merged), r 8.
+  adapter is chosen per request, so nothing may be merged), r 8;
+- lora_dora: the encoder with PEFT's DoRA (`use_dora=True`, `DoraLinear`) on the same Linears, r 16.
 
 Limit: `merge_and_unload`: W <- W + (B A) * scaling in each adapted Linear, the adapter removed (an
-exact re-parameterisation). lora_server's limit is its plain export (nothing may be merged).
+exact re-parameterisation; DoRA's: W <- (m / ||W + s B A||_row) (W + s B A)). lora_server's limit is its plain export (nothing may be merged).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ DIMS = {
     "full": Dims(hidden=768, heads=12, ffn=3072, seq=128, layers=4, image=224, patch=16, classes=1000),
     "xl": Dims(hidden=768, heads=12, ffn=3072, seq=128, layers=12, image=224, patch=16, classes=1000),
 }
-RANKS = {"lora_encoder": 16, "lora_decoder": 8, "lora_vit": 32, "lora_server": 8}
+RANKS = {"lora_encoder": 16, "lora_decoder": 8, "lora_vit": 32, "lora_server": 8, "lora_dora": 16}
 MEMBERS = tuple(RANKS)
 
 
@@ -76,6 +77,45 @@ class LoraLinear(nn.Module):
         with torch.no_grad():
             delta = (self.lora_B.weight.double() @ self.lora_A.weight.double()) * self.scaling
             base.weight.copy_((base.weight.double() + delta).float())
+        return base
+
+
+class DoraLinear(LoraLinear):
+    """PEFT's lora.Linear with use_dora=True (peft.tuners.lora.dora.DoraLinearLayer), eval mode, dropout 0.
+
+    forward: result = base_layer(x); lora_weight = lora_B(lora_A(eye(in))).T; weight_norm =
+    ||W + scaling * lora_weight|| over dim 1 (per output row), detached; mag_norm_scale = (m /
+    weight_norm).view(1, -1); result + (mag_norm_scale - 1) * (result - bias) + mag_norm_scale *
+    lora_B(lora_A(x)) * scaling (PEFT's DoraLinearVariant passes the base result when dropout is off).
+    """
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float) -> None:
+        super().__init__(base, r, alpha)
+        self.magnitude = nn.Parameter(torch.ones(base.out_features))
+
+    def weight_norm(self, lora_weight: torch.Tensor) -> torch.Tensor:
+        weight = self.base_layer.weight + self.scaling * lora_weight
+        return torch.linalg.norm(weight, dim=1).to(weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base_layer(x)
+        x_eye = torch.eye(self.lora_A.weight.shape[1], device=x.device, dtype=self.lora_A.weight.dtype)
+        lora_weight = self.lora_B(self.lora_A(x_eye)).T
+        weight_norm = self.weight_norm(lora_weight.detach()).detach()
+        mag_norm_scale = (self.magnitude / weight_norm).view(1, -1)
+        lora_result = self.lora_B(self.lora_A(self.lora_dropout(x)))
+        base_result = result
+        if self.base_layer.bias is not None:
+            base_result = base_result - self.base_layer.bias
+        return result + ((mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * self.scaling)
+
+    def merged(self) -> nn.Linear:
+        """PEFT's DoRA merge: W <- (m / ||W + s B A||_row)[:, None] * (W + s B A), bias kept."""
+        base = copy.deepcopy(self.base_layer)
+        with torch.no_grad():
+            w = base.weight.double() + (self.lora_B.weight.double() @ self.lora_A.weight.double()) * self.scaling
+            scale = self.magnitude.double() / torch.linalg.norm(w, dim=1)
+            base.weight.copy_((scale[:, None] * w).float())
         return base
 
 
@@ -220,17 +260,24 @@ class Vit(nn.Module):
         return self.head(self.norm(x)[:, 0])
 
 
-def add_lora(model: nn.Module, r: int, seed: int, targets: tuple[str, ...] = TARGETS) -> nn.Module:
-    """PEFT's inject_adapter: every nn.Linear named in `targets` becomes a LoraLinear (alpha = 2 r)."""
+def add_lora(model: nn.Module, r: int, seed: int, targets: tuple[str, ...] = TARGETS, dora: bool = False) -> nn.Module:
+    """PEFT's inject_adapter: every nn.Linear named in `targets` becomes a LoraLinear (alpha = 2 r).
+
+    dora: a DoraLinear instead, its magnitude ||W + s B A||_row times 1 + 0.1 N(0, 1) (a trained
+    magnitude; PEFT initialises it to the norm itself).
+    """
     gen = torch.Generator().manual_seed(seed + 31337)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if name in targets and isinstance(child, nn.Linear):
-                lora = LoraLinear(child, r, alpha=2.0 * r)
+                lora = (DoraLinear if dora else LoraLinear)(child, r, alpha=2.0 * r)
                 with torch.no_grad():
                     bound = 1.0 / math.sqrt(child.in_features)  # PEFT: kaiming_uniform(a=sqrt(5)) on A
                     lora.lora_A.weight.copy_((torch.rand(lora.lora_A.weight.shape, generator=gen) * 2 - 1) * bound)
                     lora.lora_B.weight.copy_(torch.randn(lora.lora_B.weight.shape, generator=gen) * 0.05)
+                    if isinstance(lora, DoraLinear):
+                        norm = lora.weight_norm(lora.lora_B.weight @ lora.lora_A.weight)
+                        lora.magnitude.copy_(norm * (1 + 0.1 * torch.randn(norm.shape, generator=gen)))
                 setattr(parent, name, lora)
     return model
 
@@ -259,7 +306,7 @@ def build(member: str, size: str, seed: int = 0, batch: int = 1) -> Built:
             model = Encoder(d)
     look_trained(model, seed)
     if member != "lora_server":
-        add_lora(model, r, seed)
+        add_lora(model, r, seed, dora=member == "lora_dora")
     model.eval()
     if member == "lora_vit":
         inputs = [Spec("pixel_values", (batch, 3, d.image, d.image))]

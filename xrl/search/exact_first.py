@@ -16,8 +16,9 @@ from __future__ import annotations
 from xrl.ir import Graph
 from xrl.search.result import SearchResult
 
-# the rules taken before the pre-passes: those of lora.rules that fold an adapter into its layer's weights
-EXACT_FIRST_PREFIXES = ("merge_lowrank_",)
+# the rules taken before the pre-passes: those of lora.rules and dora.rules that fold an adapter into its
+# layer's weights
+EXACT_FIRST_PREFIXES = ("merge_lowrank_", "merge_dora_")
 
 
 def exact_first_engine():  # noqa: ANN201 - a RewriteEngine (imported here: the rules load on first use)
