@@ -15,7 +15,8 @@ Members:
 - lora_dora: the encoder with PEFT's DoRA (`use_dora=True`, `DoraLinear`) on the same Linears, r 16.
 
 Limit: `merge_and_unload`: W <- W + (B A) * scaling in each adapted Linear, the adapter removed (an
-exact re-parameterisation; DoRA's: W <- (m / ||W + s B A||_row) (W + s B A)). lora_server's limit is its plain export (nothing may be merged).
+exact re-parameterisation; DoRA's: W <- (m / ||W + s B A||_row) (W + s B A)). lora_server's limit is its
+plain export (nothing may be merged).
 """
 
 from __future__ import annotations
