@@ -51,6 +51,9 @@ class PassReport:
     nodes_before: int
     nodes_after: int
     detail: str = ""
+    # stopped (or never started) because the pre-passes' time limit ran out: on a quieter or faster machine
+    # the pass could finish, and the result differ
+    timed_out: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -157,10 +160,7 @@ def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
             for i, v in enumerate(n.output):
                 if not v:
                     n.output[i] = f"{n.name or n.op_type}/xrl_unused_{i}"
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    with _quiet():
-        model = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    _infer_shapes_without_weights(model)
     # onnxruntime's inference gives a skip-layer-norm's statistics no shape: [..., 1] float per row
     typed = {v.name: v for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
     stats = {}
@@ -174,6 +174,52 @@ def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
     model.graph.value_info.extend(onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, dims)
                                   for v, dims in stats.items())
     return model
+
+
+# Initialisers above this many elements are shapes only to shape inference: it reads the values of small
+# shape-like tensors (Reshape targets, Slice bounds), never of a weight
+_SHAPES_ONLY_ELEMENTS = 4096
+
+
+def _elements(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return n
+
+
+def weight_stripped(model: onnx.ModelProto, limit: int = _SHAPES_ONLY_ELEMENTS) -> onnx.ModelProto:
+    """A copy of `model` without its weights: every initialiser of more than `limit` elements becomes a graph
+    input of the same name, type and shape, so that a pass that reads shapes, not values (shape inference),
+    works on kilobytes instead of a model's worth of weights (onnxruntime's symbolic inference alone copies
+    the model three to four times). The nodes, small initialisers and everything else are copied."""
+    g = model.graph
+    big = [t for t in g.initializer if _elements(t) > limit]
+    declared = {v.name for v in g.input}
+    lite_graph = onnx.helper.make_graph(
+        list(g.node), g.name,
+        [*g.input, *(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                     for t in big if t.name not in declared)],
+        list(g.output), [t for t in g.initializer if _elements(t) <= limit], value_info=list(g.value_info))
+    lite = onnx.helper.make_model(lite_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                                  functions=list(model.functions))
+    return lite
+
+
+def _infer_shapes_without_weights(model: onnx.ModelProto) -> None:
+    """onnxruntime's symbolic shape inference on `model`'s weight-stripped copy; its value_info and output types
+    are copied back into `model` (whose weights stay where they are: nothing to restore)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    with _quiet():
+        inferred = SymbolicShapeInference.infer_shapes(weight_stripped(model), auto_merge=True)
+    weights = {t.name for t in model.graph.initializer}
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in weights)
+    outputs = {v.name: v for v in inferred.graph.output}
+    for v in model.graph.output:
+        if v.name in outputs:
+            v.CopyFrom(outputs[v.name])
 
 
 def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
@@ -245,15 +291,24 @@ def _scratch_cwd():
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _in_child(name: str, model: onnx.ModelProto, result: str, conn, parent: int) -> None:  # noqa: ANN001
+def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int) -> None:  # noqa: ANN001
     # `model` is the parent's own object, inherited by the fork (nothing serialised on the way in); the
-    # pass's output goes to the file `result`, and the pipe carries only (written?, detail, error)
+    # pass's output goes to the file result.onnx in `scratch`, the folder the PARENT made and removes (a child
+    # ended by the time limit or a signal runs no cleanup of its own), which is also the child's working and
+    # temporary folder; the pipe carries only (written?, detail, error)
     global _OWNED
+    import tempfile
+
     _die_with_parent(parent)
     _OWNED = True
+    work = os.path.join(scratch, "work")
+    os.mkdir(work)
+    os.chdir(work)
+    os.environ["TMPDIR"] = work  # what the libraries put in the temporary folder goes here too
+    tempfile.tempdir = work
+    result = os.path.join(scratch, "result.onnx")
     try:
-        with _scratch_cwd():
-            out, detail = _RUNNERS[name](model)
+        out, detail = _RUNNERS[name](model)
         changed = out is not None and out is not model
         if changed:
             with open(result, "wb") as f:
@@ -267,6 +322,21 @@ def _in_child(name: str, model: onnx.ModelProto, result: str, conn, parent: int)
         conn.close()
 
 
+class PassTimeout(TimeoutError):
+    """A pre-pass stopped by its time limit: its result depends on the machine's speed and load."""
+
+
+def _end_child(proc) -> None:  # noqa: ANN001 - a multiprocessing Process
+    """SIGTERM, a short join, then SIGKILL; the Process object is closed (it keeps its arguments, the model)."""
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(2.0)
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    proc.close()
+
+
 def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tuple[onnx.ModelProto, str]:
     """Run a pass in a child process that is killed after `timeout` seconds: the libraries have no time
     limit of their own, and some of their passes are quadratic in the node count. The child is a fork: it
@@ -278,24 +348,24 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
     import multiprocessing as mp
     import tempfile
 
-    ctx = mp.get_context("fork")
-    with tempfile.TemporaryDirectory(prefix="xrl-prepass-out-") as scratch:
+    ctx = mp.get_context("fork")  # not spawn/forkserver: those would pickle the model to the child
+    # the parent owns the child's scratch folder (its working and temporary folder, and its result's): removed
+    # here after the child has ended, however it ended (time limit, SIGTERM/SIGINT to xrl, an error)
+    with tempfile.TemporaryDirectory(prefix="xrl-prepass-") as scratch:
         result = os.path.join(scratch, "result.onnx")
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_in_child, args=(name, model, result, child, os.getpid()), daemon=True)
+        proc = ctx.Process(target=_in_child, args=(name, model, scratch, child, os.getpid()), daemon=True)
         proc.start()
         child.close()
         try:
             if not parent.poll(timeout):
-                raise TimeoutError(f"took longer than {timeout:.0f} s")
+                raise PassTimeout(f"took longer than {timeout:.0f} s")
             changed, detail, error = parent.recv()
         except EOFError:
             raise RuntimeError(f"the pass's process ended without a result (exit code {proc.exitcode})") from None
         finally:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
-            proc.close()  # the Process object keeps its arguments (the model) until closed
+            _end_child(proc)
+            parent.close()
         if error:
             raise RuntimeError(error)
         return (onnx.load(result) if changed else model), detail
@@ -318,17 +388,38 @@ def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
         return True
 
 
+QUIETER = "the result could differ on a quieter or faster machine"
+# the pre-passes' time limit grows with the model: seconds per node and per GiB of weights on top of the
+# share of the search's limit they are given (onnxruntime's transformers optimizer and its symbolic shape
+# inference walk every node, and copy every weight, several times)
+PREPASS_S_PER_NODE = 0.05
+PREPASS_S_PER_GIB = 120.0
+
+
+def scaled_time_limit(model: onnx.ModelProto, time_limit: float) -> float:
+    """`time_limit`, raised to PREPASS_S_PER_NODE per node plus PREPASS_S_PER_GIB per GiB of weights where that
+    is more (bert-base, 1,000 nodes and 0.4 GiB: 98 s; a 1e9-parameter decoder: about 520 s)."""
+    from xrl.frontends.onnx_io import initializer_bytes
+
+    need = PREPASS_S_PER_NODE * len(model.graph.node) + PREPASS_S_PER_GIB * initializer_bytes(model) / 2 ** 30
+    return max(time_limit, need)
+
+
 def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
                   check: Callable[[onnx.ModelProto], None] | None = None,
                   time_limit: float | None = None) -> tuple[onnx.ModelProto, list[PassReport]]:
     """Run the named passes in order, within `time_limit` seconds in all (None: no limit; a pass that
-    would run past it is stopped and skipped). Each result must pass `check` (import into the IR, say:
-    it raises on failure), else it is dropped."""
+    would run past it is stopped and skipped, its report `timed_out`). The limit is raised to what the
+    model's size needs (`scaled_time_limit`): a fixed share of the search's time would drop the passes on
+    large models, and with them the exact fusions they enable. Each result must pass `check` (import into
+    the IR, say: it raises on failure), else it is dropped."""
     import time
 
     from xrl.frontends.onnx_io import brief_error
 
     t0 = time.perf_counter()
+    if time_limit is not None:
+        time_limit = scaled_time_limit(model, time_limit)
 
     reports = []
     for name in names:
@@ -342,7 +433,8 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
             continue
         left = None if time_limit is None else time_limit - (time.perf_counter() - t0)
         if left is not None and left <= 0:
-            reports.append(PassReport(name, False, before, before, "skipped: the pre-pass time limit was spent"))
+            reports.append(PassReport(name, False, before, before, "skipped: the pre-pass time limit was spent"
+                                      f" ({time_limit:.0f} s); {QUIETER}", timed_out=True))
             continue
         try:
             out, detail = _run_bounded(name, model, left)
@@ -352,6 +444,10 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
                 continue
             if check is not None:
                 check(out)
+        except PassTimeout as e:
+            reports.append(PassReport(name, False, before, before, f"dropped: {e} (its time limit); {QUIETER}",
+                                      timed_out=True))
+            continue
         except Exception as e:  # a peer library failing on a model must not stop xrl: skip it, say why
             reports.append(PassReport(name, False, before, before, f"dropped: {brief_error(e)}"))
             continue

@@ -1,0 +1,81 @@
+"""Issue 35, item 1: pre-passes without extra copies of the model's weights.
+
+A pre-pass child is a fork: it reads the parent's model where the parent holds it, and nothing the parent sends
+it is a serialised model (spawn or forkserver would pickle the whole proto). The shape inference that types a
+fused model's contrib ops runs on a weight-stripped copy (shapes, not values), and only its types come back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.reduction
+import pickle
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from xrl.frontends import prepass
+
+
+def _big_mlp(n: int = 512) -> onnx.ModelProto:
+    """Two MatMuls over 2 x n x n float32 weights (2 MiB at n 512), with a Reshape whose target is a constant."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "w2")
+    shape = numpy_helper.from_array(np.array([1, 2, n], dtype=np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "big_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_no_pre_pass_child_receives_a_serialised_copy_of_the_weights(monkeypatch) -> None:
+    model = _big_mlp()
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    sent: list[int] = []
+    dumps = multiprocessing.reduction.ForkingPickler.dumps
+
+    def counted(obj, protocol=None):  # noqa: ANN001, ANN202
+        data = dumps(obj, protocol)
+        sent.append(len(data))
+        return data
+
+    real_pickle = pickle.dumps
+
+    def counted_pickle(obj, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        data = real_pickle(obj, *a, **k)
+        sent.append(len(data))
+        return data
+
+    monkeypatch.setattr(multiprocessing.reduction.ForkingPickler, "dumps", classmethod(
+        lambda cls, obj, protocol=None: counted(obj, protocol)))
+    monkeypatch.setattr(pickle, "dumps", counted_pickle)
+
+    def reads_weights(m: onnx.ModelProto):  # the child sees the parent's object itself, weights and all
+        assert m is model_in_parent
+        return m, f"{sum(len(t.raw_data) for t in m.graph.initializer)} weight bytes"
+
+    model_in_parent = model
+    monkeypatch.setitem(prepass._RUNNERS, "reader", reads_weights)
+    out, detail = prepass._run_bounded("reader", model, 60.0)
+    assert out is model and detail == f"{weights} weight bytes"
+    assert max(sent, default=0) < weights // 100, sent  # the parent serialised nothing model-sized
+    out, _ = prepass._run_bounded("onnxslim", model, 60.0)  # a real pass, its result back by file
+    assert max(sent, default=0) < weights // 100, sent
+
+
+def test_shape_inference_runs_on_a_weight_stripped_copy() -> None:
+    model = _big_mlp()
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    lite = prepass.weight_stripped(model)
+    assert lite.ByteSize() < weights // 100
+    assert {t.name for t in lite.graph.initializer} == {"shape"}  # small shape-like values stay
+    assert {"w1", "w2"} <= {v.name for v in lite.graph.input}
+    typed = onnx.ModelProto()
+    typed.CopyFrom(model)
+    prepass._infer_shapes_without_weights(typed)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in typed.graph.value_info}
+    assert shapes["h"] == [2, 512] and shapes["m"] == [2, 512]
+    assert [d.dim_value for d in typed.graph.output[0].type.tensor_type.shape.dim] == [1, 2, 512]
+    assert [t.raw_data for t in typed.graph.initializer] == [t.raw_data for t in model.graph.initializer]
