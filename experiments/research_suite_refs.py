@@ -12,6 +12,7 @@ state. Greedy's share is (c0 - greedy) / (c0 - reference) in cost.
 
     .venv/bin/python experiments/research_suite_refs.py                  # every split; writes the JSON
     .venv/bin/python experiments/research_suite_refs.py --split held-out --no-write
+    .venv/bin/python experiments/research_suite_refs.py --table                  # the stored references' table
 
 Prints the markdown table (docs/results.md's "Research benchmark" section) and the held-out summary.
 """
@@ -105,10 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam-states", type=int, default=8000, help="beam search's cap (default 8000 graphs)")
     p.add_argument("--taso-expansions", type=int, default=600, help="TASO's cap (default 600 graphs expanded)")
     p.add_argument("--no-write", action="store_true", help="print only; leave graphs/research_suite.json as it is")
+    p.add_argument("--table", action="store_true", help="print the table of the stored references; compute nothing")
     args = p.parse_args(argv)
 
     from xrl.rewrite.rules import use_rules
     from xrl.search import suite
+
+    if args.table:
+        stored = suite.load_references()
+        refs = [stored[e.name] for e in suite.suite_graphs(args.split) if e.name in stored]
+        print(table(refs))
+        print()
+        print(summary(refs))
+        return 0
 
     entries = suite.suite_graphs(args.split, args.graphs.split(",") if args.graphs else None)
     cost, eng = suite.cost_model(), suite.engine()
