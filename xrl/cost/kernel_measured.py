@@ -60,7 +60,7 @@ import onnx
 
 from xrl.cost.base import Measurement
 from xrl.cost.op_measured import OpTimingCache, cache_dir, cpu_model, stable_value
-from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, runtime_plan
+from xrl.cost.runtime_fusion import ELIMINATED, VIEW_OPS, Kernel, local_region, runtime_plan, subgraph
 from xrl.cost.targets import TargetCostModel, written_values
 from xrl.cost.timing import calling_thread_clock, check_counts, summarize
 from xrl.errors import ConfigError
@@ -159,6 +159,17 @@ class RunOverhead:
     dispatch_s: float
 
 
+@dataclass
+class LocalPlan:
+    """A graph's kernels as `MeasuredKernelCostModel.plan_costs` priced them: the total, each kernel's cost,
+    node name -> kernel index, and each kernel's node names."""
+
+    total: float
+    costs: list[float]
+    kernel_of: dict[str, int]
+    kernel_nodes: list[tuple[str, ...]]
+
+
 class MeasuredKernelCostModel(TargetCostModel):
     """The sum of the measured run times of the kernels a target's onnxruntime runs, plus its run overhead."""
 
@@ -231,6 +242,35 @@ class MeasuredKernelCostModel(TargetCostModel):
 
     def kernel_cost(self, k: Kernel, graph: Graph) -> float:
         return self._measured_kernel_cost(k, graph, _written(k, graph))
+
+    # ----- local re-costing (a search's candidates): only the kernels a rewrite changed -----------------
+    def plan_costs(self, graph: Graph) -> LocalPlan:
+        """`graph`'s kernels and their costs, for `local_cost` of its rewrites (its total is `cost(graph)`)."""
+        plan, kernels = runtime_plan(graph, self.target.provider)
+        written = written_values(kernels, plan, by_name=True)
+        self._time_missing(kernels, plan, written)
+        costs = [self._measured_kernel_cost(k, plan, w) for k, w in zip(kernels, written)]
+        kernel_of = {n.name: i for i, k in enumerate(kernels) for n in k.nodes}
+        return LocalPlan(self.overhead().fixed_s + math.fsum(costs), costs, kernel_of,
+                         [tuple(n.name for n in k.nodes) for k in kernels])
+
+    def local_cost(self, parent: LocalPlan, graph: Graph, seeds: Sequence[str]) -> float | None:
+        """The cost of `graph`, a rewrite of the graph `parent` plans, with only the kernels near the rewrite
+        (`seeds`: the node names it touched) planned and costed again: the parent's other kernels, and their
+        costs, are unchanged (onnxruntime's fusions are local: `xrl.cost.runtime_fusion.local_region`). A
+        kernel timed before is found by its structure (its nodes and what it writes), so a rewrite re-costs
+        only what it changed. None where the region reads nothing outside (the caller costs the whole graph)."""
+        region, touched = local_region(graph, seeds, parent.kernel_of, parent.kernel_nodes)
+        sub = subgraph(graph, region) if region else None
+        if sub is None:
+            return None
+        plan, kernels = runtime_plan(sub, self.target.provider)
+        written = written_values(kernels, plan, by_name=True)
+        self._time_missing(kernels, plan, written)
+        new = [self._measured_kernel_cost(k, plan, w) for k, w in zip(kernels, written)]
+        # one correctly rounded change: the same rewrite in two places (q and v adapters) costs exactly the same,
+        # so ties still go to the engine's order
+        return parent.total + math.fsum([*new, *(-parent.costs[i] for i in touched)])
 
     def _measured_kernel_cost(self, k: Kernel, graph: Graph, written: tuple[str, ...]) -> float:
         """`kernel_cost`, given what `k` writes for outside (`_written`)."""

@@ -438,3 +438,66 @@ def runtime_plan(graph: Graph, provider: str = "cpu") -> tuple[Graph, list[Kerne
     nodes are that graph's (a caller that builds a kernel alone must read their values there)."""
     dedup = deduplicate(graph)
     return dedup, _Walker(dedup, provider).run()
+
+
+# ----- local re-planning: a rewrite changes the kernels near it only ----------------------------------------
+# How far (in nodes) around a rewrite the kernels are planned again. onnxruntime's fusions reach at most a few
+# nodes (Conv-BN-activation, the erf Gelu's five, MatMul-Mul-scale): a kernel of the parent that any node within
+# this distance belongs to is planned again, with every node it covers, until no further kernel is touched.
+LOCAL_RADIUS = 3
+
+
+def local_region(graph: Graph, seeds: Iterable[str], kernel_of: dict[str, int],
+                 kernel_nodes: list[tuple[str, ...]], radius: int = LOCAL_RADIUS) -> tuple[set[str], set[int]]:
+    """The nodes of `graph` (a rewrite's result) to plan again, and the parent's kernels they replace.
+
+    `seeds`: node names the rewrite touched (added nodes, consumers of renamed values, neighbours of removed
+    nodes: names of `graph`, or of the parent for removed ones, whose kernels are replaced too);
+    `kernel_of`/`kernel_nodes`: the parent's plan (node name -> kernel index, kernel index -> its nodes' names)."""
+    producers, consumers = graph.producers, graph.consumers
+    region = {s for s in seeds if s in graph.nodes}
+    touched = {kernel_of[s] for s in seeds if s in kernel_of}
+    # breadth first; a view op (which the fusions look through) costs no distance
+    left = dict.fromkeys(region, radius)
+    queue = list(region)
+    while queue:
+        name = queue.pop()
+        node = graph.nodes[name]
+        near = [p[0] for v in node.inputs if v and (p := producers.get(v)) is not None]
+        near += [u for v in node.outputs if v for u in consumers.get(v, ())]
+        for m in near:
+            r = left[name] if m.op in VIEW_OPS else left[name] - 1
+            if r >= 0 and left.get(m.name, -1) < r:
+                left[m.name] = r
+                region.add(m.name)
+                queue.append(m.name)
+    while True:  # whole kernels of the parent: their nodes are planned together again
+        more = {kernel_of[n] for n in region if n in kernel_of} - touched
+        if not more:
+            break
+        touched |= more
+        for i in more:
+            region.update(n for n in kernel_nodes[i] if n in graph.nodes)
+    return region, touched
+
+
+def subgraph(graph: Graph, names: set[str]) -> Graph | None:
+    """The nodes `names` of `graph` as a graph of their own: what they read from outside are inputs (weights
+    stay weights), what is read outside or is a graph output are outputs (so no fusion crosses the border).
+    None when nothing is read outside (dead code: the caller costs the whole graph)."""
+    nodes = [n for n in graph.topological_order if n.name in names]
+    produced = {v for n in nodes for v in n.outputs if v}
+    consumers = graph.consumers
+    outs = set(graph.outputs)
+    inputs = list(dict.fromkeys(v for n in nodes for v in n.inputs
+                                if v and v not in produced and not graph.is_weight(v)))
+    weights = {v: graph.initializers[v] for n in nodes for v in n.inputs if v and graph.is_weight(v)}
+    outputs = [v for n in nodes for v in n.outputs
+               if v and (v in outs or any(u.name not in names for u in consumers.get(v, ())))]
+    if not outputs:
+        return None
+    used = {*inputs, *produced, *weights}
+    types = {v: t for v, t in graph.types.items() if v in used}
+    known = graph._digests  # digests already computed are passed on; none is computed here (hashing weights)
+    return Graph(nodes, inputs, outputs, types, weights, name=f"{graph.name}:local",
+                 weight_digests={v: known[v] for v in weights if v in known}, domain_opsets=graph.domain_opsets)

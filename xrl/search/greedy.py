@@ -36,6 +36,27 @@ CONFIRM_TRIES = 3
 CONFIRM_ROUNDS = 3
 
 
+# Re-cost only the kernels near each rewrite where the cost model can (`MeasuredKernelCostModel.local_cost`);
+# False costs every candidate's whole graph (the reference the tests compare with)
+LOCAL_COSTING = True
+
+
+def rewrite_seeds(cand) -> list[str]:  # noqa: ANN001 - an xrl.rewrite.Candidate
+    """The node names a rewrite touched: its added nodes, its removed ones (names of the parent), and the nodes
+    of the rewritten graph next to them (producers of what they read, readers of what they wrote or renamed)."""
+    g = cand.skeleton
+    producers, consumers = g.producers, g.consumers
+    seeds = [n.name for n in (*cand.added, *cand.removed)]
+    values = {v for n in (*cand.removed, *cand.added) for v in (*n.inputs, *n.outputs) if v}
+    values |= set(cand.rename) | set(cand.rename.values())
+    for v in values:
+        p = producers.get(v)
+        if p is not None:
+            seeds.append(p[0].name)
+        seeds.extend(u.name for u in consumers.get(v, ()))
+    return seeds
+
+
 def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | None = None, *,
                   max_steps: int | None = None, time_limit: float | None = None,
                   screen: CostModel | None = None, screen_top: int = 8) -> SearchResult:
@@ -46,6 +67,8 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     if screen is not None and (not screen.per_op or screen_top < 1):
         raise ValueError("a screen must be a per-op cost model, with screen_top >= 1")
     screening = screen is not None and cost_model.measured
+    local = (not cost_model.per_op and not cost_model.measured and hasattr(cost_model, "local_cost")
+             and LOCAL_COSTING)
     engine = engine if engine is not None else RewriteEngine.default()
     t0 = time.perf_counter()
     original_cost = cost = cost_model.cost(graph)
@@ -61,11 +84,20 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
             base = screen.cost(graph)
             estimate = {i: cand.delta_cost(screen, base) for i, cand in cands}
             cands = sorted(cands, key=lambda ic: (estimate[ic[0]], ic[0]))[:screen_top]
+        # a model that prices kernels (measured kernel costs) re-costs only what a rewrite changed: the graph's
+        # kernels are planned once a step, each candidate's near its rewrite (`local_cost`)
+        parent_plan = cost_model.plan_costs(graph) if local else None
         for i, cand in cands:
             if time_limit is not None and explored % 16 == 0 and time.perf_counter() - t0 >= time_limit:
                 break  # out of time mid-step: take the best improvement costed so far
             explored += 1
-            c = cand.delta_cost(cost_model, cost)
+            c = None
+            if parent_plan is not None:
+                c = cost_model.local_cost(parent_plan, cand.skeleton, rewrite_seeds(cand))
+                if c is not None:
+                    c += cost - parent_plan.total  # the step's cost as the search holds it
+            if c is None:
+                c = cand.delta_cost(cost_model, cost)
             if c < cost * (1 - MIN_GAIN):
                 improving.append((c, i, cand))
         improving.sort(key=lambda t: (t[0], t[1]))  # cheapest first; ties to the engine's order
