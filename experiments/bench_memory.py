@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -55,6 +55,7 @@ class Row:
     exit_code: int = 0
     note: str = ""
     peak_tree_rss_sum: int = 0  # RSS summed over the tree: a forked child's shared pages counted twice
+    phases: list = field(default_factory=list)  # Phase rows
 
     @property
     def ratio(self) -> float:
@@ -113,21 +114,28 @@ def tree_memory(proc: psutil.Process) -> tuple[int, int]:
 
 
 def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None,
-                cwd: str | None = None, max_rss: int | None = None) -> tuple[int, int, int, float, str, int]:
+                cwd: str | None = None, max_rss: int | None = None,
+                phases: list | None = None) -> tuple[int, int, int, float, str, int]:
     """Run `cmd`, sampling its tree's RSS and PSS; the tree is killed when its PSS passes `max_rss` bytes (a run
     must not push the shared machine into the OOM killer). Returns (exit code, peak tree RSS, the largest
-    process's ru_maxrss, wall seconds, the tail of its stderr, peak tree PSS)."""
+    process's peak RSS (ru_maxrss of every waited-for process, and the sampled RSS of each), wall seconds, the
+    tail of its stderr, peak tree PSS). With `phases` (a list), it is filled with per-phase peaks (`Phase`):
+    the pre-pass children are forks of the CLI's process, so the run splits into before the first child (load,
+    exact merges), each child's lifetime (a pre-pass, in the order they ran), and after the last (search,
+    verification, guard, write)."""
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
     proc = psutil.Process(popen.pid)
-    peak = [0, 0]  # tree RSS, tree PSS
+    peak = [0, 0, 0]  # tree RSS, tree PSS, largest single process's RSS
+    samples: list[tuple[float, int, int, int, tuple[int, ...]]] = []  # (t, tree PSS, main RSS, max RSS, children)
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            rss, pss = tree_memory(proc)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            rss, pss, single, main_rss, kids = tree_memory_detail(proc)
+            peak[0], peak[1], peak[2] = max(peak[0], rss), max(peak[1], pss), max(peak[2], single)
+            samples.append((time.perf_counter() - t0, pss, main_rss, single, kids))
             if max_rss is not None and peak[1] > max_rss:
                 kill_tree(proc)
                 return
@@ -148,7 +156,68 @@ def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: f
         killer.cancel()
     err.seek(0)
     tail = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-    return popen.returncode, peak[0], usage.ru_maxrss * 1024, wall, tail[-1] if tail else "", peak[1]
+    if phases is not None:
+        phases.extend(split_phases(samples))
+    single = max(usage.ru_maxrss * 1024, peak[2])
+    return popen.returncode, peak[0], single, wall, tail[-1] if tail else "", peak[1]
+
+
+@dataclass
+class Phase:
+    name: str
+    start_s: float
+    end_s: float
+    peak_tree_pss: int
+    peak_single_rss: int  # the largest process's RSS in the phase (sampled)
+
+
+def split_phases(samples: list[tuple[float, int, int, int, tuple[int, ...]]]) -> list[Phase]:
+    """Phases by the children alive: 'load, exact merges' before the first child, 'pre-pass k' while the k-th
+    child lives, 'search, verify, guard, write' after the last (with no child: one phase, 'whole run')."""
+    order: list[int] = []
+    for *_, kids in samples:
+        order += [k for k in kids if k not in order]
+    phases: list[Phase] = []
+
+    def add(name: str, rows: list) -> None:  # noqa: ANN001
+        if rows:
+            phases.append(Phase(name, rows[0][0], rows[-1][0], max(r[1] for r in rows), max(r[3] for r in rows)))
+
+    if not order:
+        add("whole run", samples)
+        return phases
+    first = next(i for i, s in enumerate(samples) if s[4])
+    last = max(i for i, s in enumerate(samples) if s[4])
+    add("load, exact merges", samples[:first])
+    for k, pid in enumerate(order, 1):
+        add(f"pre-pass child {k}", [s for s in samples if pid in s[4]])
+    add("search, verify, guard, write", samples[last + 1:])
+    return phases
+
+
+def tree_memory_detail(proc: psutil.Process) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """(RSS summed over the tree, PSS summed, the largest single RSS, the main process's RSS, the children's
+    pids)."""
+    rss = pss = single = main = 0
+    try:
+        members = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0, 0, 0, 0, ()
+    kids = []
+    for p in members:
+        try:
+            r = p.memory_info().rss
+        except psutil.Error:
+            continue
+        rss += r
+        single = max(single, r)
+        if p.pid == proc.pid:
+            main = r
+        else:
+            kids.append(p.pid)
+        shared = pss_of(p.pid)
+        pss += r if shared is None else shared
+    return rss, pss, single, main, tuple(kids)
 
 
 def kill_tree(proc: psutil.Process) -> None:
@@ -192,13 +261,14 @@ def measure(model: str, kind: str, label: str, weights: int, base: int, time_lim
             timeout: float | None, workdir: Path) -> Row:
     out = workdir / f"{label.replace('/', '_')}-xrl.onnx"
     cap = int(psutil.virtual_memory().available * MAX_SHARE_OF_FREE)
+    phases: list[Phase] = []
     code, peak, single, wall, tail, pss = run_sampled(optimize_cmd(model, out, time_limit), env=user_env(),
-                                                      timeout=timeout, cwd=str(workdir), max_rss=cap)
+                                                      timeout=timeout, cwd=str(workdir), max_rss=cap, phases=phases)
     if code and pss > cap:
         tail = f"killed at {gib(pss)} GiB: over {MAX_SHARE_OF_FREE:.0%} of the memory available at its start"
     elif code == -9 and timeout and wall >= timeout:
         tail = f"killed at the {timeout:.0f} s timeout"
-    row = Row(label, kind, weights, pss, single, base, wall, code, "" if code == 0 else tail[:160], peak)
+    row = Row(label, kind, weights, pss, single, base, wall, code, "" if code == 0 else tail[:160], peak, phases)
     for p in workdir.glob(f"{out.name}*"):
         p.unlink()
     return row
@@ -211,7 +281,7 @@ def gib(n: int) -> str:
 def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
     limit = "" if args.time_limit is None else f", --time-limit {args.time_limit:g}"
     lines = [
-        "# Peak memory of `xrl optimize` (issue 26 item 9)",
+        "# Peak memory of `xrl optimize` (issue 26 item 9, issue 35 item 1)",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2 ** 30:.0f} GiB; python {platform.python_version()}. "
@@ -221,12 +291,13 @@ def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
         "Peak tree: the process and its children's proportional set size (PSS: each page counted once, a "
         "forked child's pages shared with its parent included once), summed and sampled every 50 ms; RSS sum: "
         "the same tree's resident sizes summed (shared pages counted in every process that maps them). Max "
-        "single: the largest process's ru_maxrss. Target: peak at most 3x the weight bytes; small models are "
+        "single: the largest process's peak resident size (its ru_maxrss, and sampled). Target: peak at most 3x "
+        "the weight bytes; small models are "
         "judged above the baseline (the interpreter alone is more than 3x their weights).",
         "",
         "| model | weights GiB | peak tree GiB | peak / weights | above baseline GiB | above / weights | "
-        "RSS sum GiB | max single GiB | wall s | meets 3x |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "RSS sum GiB | max single GiB | single / weights | wall s | meets 3x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         whole = r.ratio <= TARGET_RATIO
@@ -235,8 +306,20 @@ def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
             meets = f"exit {r.exit_code}: {r.note}"
         lines.append(f"| {r.model} | {gib(r.weight_bytes)} | {gib(r.peak_tree_rss)} | {r.ratio:.2f} | "
                      f"{gib(r.above_baseline)} | {r.ratio_above_baseline:.2f} | {gib(r.peak_tree_rss_sum)} | "
-                     f"{gib(r.max_single_rss)} | "
+                     f"{gib(r.max_single_rss)} | {r.max_single_rss / (r.weight_bytes or 1):.2f} | "
                      f"{r.wall_s:.0f} | {meets} |")
+    if any(r.phases for r in rows):
+        lines += ["", "Per stage (the pre-pass children are forks of the CLI's process: before the first, each "
+                  "child's lifetime, after the last): peak tree PSS and the largest single process's RSS, as "
+                  "multiples of the weights.", "",
+                  "| model | stage | from s | to s | tree PSS GiB | / weights | max single GiB | / weights |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            for ph in r.phases:
+                w = r.weight_bytes or 1
+                lines.append(f"| {r.model} | {ph.name} | {ph.start_s:.0f} | {ph.end_s:.0f} | "
+                             f"{gib(ph.peak_tree_pss)} | {ph.peak_tree_pss / w:.2f} | {gib(ph.peak_single_rss)} | "
+                             f"{ph.peak_single_rss / w:.2f} |")
     return "\n".join(lines) + "\n"
 
 
