@@ -99,6 +99,8 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    if _OWNED:  # the child's own model: its weights to a file, so that the optimizer's copies hold kilobytes
+        _weights_to_disk(model)
     best, best_type, best_fused = model, "", 0
     # (0, 0) lets the optimizer find the head count itself; where it cannot, the heads a Reshape to
     # [batch, seq, heads, head size] names are what a user would pass it
@@ -125,6 +127,27 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     if not best_fused:
         return model, "no fusion applies"
     return _typed(best), f"model type {best_type}: {best_fused} fused ops"
+
+
+# Initialisers of at least this many bytes go to the child's weight file (`_weights_to_disk`)
+_TO_DISK_BYTES = 16 << 10
+WEIGHTS_FILE = "weights.data"
+
+
+def _weights_to_disk(model: onnx.ModelProto) -> None:
+    """In a pre-pass child (its working folder is the parent's scratch folder for it): every initialiser of
+    _TO_DISK_BYTES or more moves to WEIGHTS_FILE there, and `model` keeps external-data references to it.
+    onnxruntime's transformers optimizer copies its input (a deepcopy per model type tried, its model wrapper)
+    and reads only the weights a fusion concatenates (attention's q, k, v), loaded from the file when read; the
+    result, written beside the file, loads whole in the parent. The child's memory then stays near its share
+    of the parent's pages (fusions read shapes, not values; the file is removed with the scratch folder)."""
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+    if not any(len(t.raw_data) >= _TO_DISK_BYTES for t in model.graph.initializer):
+        return
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=WEIGHTS_FILE,
+                                   size_threshold=_TO_DISK_BYTES, convert_attribute=False)
+    write_external_data_tensors(model, os.getcwd())  # clears each tensor's raw_data once written
 
 
 def _head_shapes(model: onnx.ModelProto, most: int = 1) -> list[tuple[int, int]]:
@@ -303,7 +326,7 @@ def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int
     _OWNED = True
     work = os.path.join(scratch, "work")
     os.mkdir(work)
-    os.chdir(work)
+    os.chdir(scratch)  # where a pass's own files go: a weight file (`_weights_to_disk`) beside result.onnx
     os.environ["TMPDIR"] = work  # what the libraries put in the temporary folder goes here too
     tempfile.tempdir = work
     result = os.path.join(scratch, "result.onnx")
