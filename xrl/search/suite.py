@@ -250,20 +250,32 @@ def analyse(graph: Graph, steps: Sequence[str], cost: Any, eng: Any, rel: float 
     return out
 
 
-def minimise(graph: Graph, steps: Sequence[str], cost: Any, eng: Any) -> list[str]:
+def minimise(graph: Graph, steps: Sequence[str], cost: Any, eng: Any, rel: float = 1e-9) -> list[str]:
     """`steps` without the non-improving steps that the rest does not need (dropping one, the others still
-    apply and reach no worse a cost), so that a needless detour is not counted as foresight."""
+    apply and reach no worse a cost), so that a needless detour is not counted as foresight. Each trial replays
+    from the state before the dropped step, not from the start."""
     steps = list(steps)
-    target = cost.cost(replay(graph, steps, eng))
+    states = [graph]
+    for st in steps:
+        states.append(replay(states[-1], [st], eng))
+    costs = [cost.cost(g) for g in states]
+    target = costs[-1]
     i = 0
     while i < len(steps):
-        trial = steps[:i] + steps[i + 1:]
+        if costs[i + 1] < costs[i] * (1 - rel):  # an improving step stays
+            i += 1
+            continue
         try:
-            ok = cost.cost(replay(graph, trial, eng)) <= target * (1 + 1e-9)
+            tail = [states[i]]
+            for st in steps[i + 1:]:
+                tail.append(replay(tail[-1], [st], eng))
+            ok = cost.cost(tail[-1]) <= target * (1 + rel)
         except ValueError:
             ok = False
         if ok:
-            steps = trial
+            steps = steps[:i] + steps[i + 1:]
+            states = states[:i] + tail
+            costs = costs[:i] + [cost.cost(g) for g in tail]
         else:
             i += 1
     return steps
