@@ -84,6 +84,8 @@ _OWNED = False
 def _onnxslim(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     import onnxslim
 
+    if _OWNED:  # in the child: weights to its scratch file (bert: the child's peak 4.2 GB -> 2.9 GB)
+        _weights_to_disk(model)
     with _quiet():  # onnxslim changes the model it is given: a copy (a model's worth of weights) unless owned
         out = onnxslim.slim(model if _OWNED else copy.deepcopy(model))
     return out, ""
