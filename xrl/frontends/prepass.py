@@ -257,7 +257,9 @@ def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     from xrl.frontends.verify import compare_models
 
     with _quiet():
-        optimized, stats = optimize_for_ort(ir.from_proto(copy.deepcopy(model)))
+        # the IR wraps the proto's tensors without copying them and never writes the proto: in the child (which
+        # owns its copy-on-write model) no deepcopy is needed
+        optimized, stats = optimize_for_ort(ir.from_proto(model if _OWNED else copy.deepcopy(model)))
         out = ir.to_proto(optimized)
     fused = {k: v for k, v in stats.items() if v}
     if not fused and histogram(out) == histogram(model):
