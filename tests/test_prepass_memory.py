@@ -79,3 +79,19 @@ def test_shape_inference_runs_on_a_weight_stripped_copy() -> None:
     assert shapes["h"] == [2, 512] and shapes["m"] == [2, 512]
     assert [d.dim_value for d in typed.graph.output[0].type.tensor_type.shape.dim] == [1, 2, 512]
     assert [t.raw_data for t in typed.graph.initializer] == [t.raw_data for t in model.graph.initializer]
+
+
+def test_passes_on_weights_moved_to_disk_give_what_they_give_in_memory() -> None:
+    """In a child, onnxruntime's transformers optimizer and onnxslim read the weights from a file in the scratch
+    folder (`_weights_to_disk`): the result must hold the same nodes and compute the same as the in-process
+    run on the model in memory."""
+    from xrl import graphs
+    from xrl.frontends.verify import compare_models
+
+    model = graphs.build("fam_attn_bert_ts")
+    for name in ("ort-transformers", "onnxslim"):
+        in_memory, _ = prepass._run_bounded(name, model, None)
+        in_child, _ = prepass._run_bounded(name, model, 120.0)
+        assert prepass.histogram(in_child) == prepass.histogram(in_memory), name
+        assert all(t.data_location != TensorProto.EXTERNAL for t in in_child.graph.initializer)
+        assert compare_models(model, in_child, trials=1).ok, name
