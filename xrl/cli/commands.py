@@ -374,7 +374,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         if r["applied"]:
             print(f"pre-pass {r['name']}: {r['nodes_before']} -> {r['nodes_after']} ops"
                   f"{'; ' + r['detail'] if r['detail'] else ''}")
-        elif r["detail"] and r["detail"].startswith("dropped"):
+        elif r["detail"] and (r["detail"].startswith("dropped") or r.get("timed_out")):  # stopped by its limit
             print(f"pre-pass {r['name']} {r['detail']}")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
     if res.guard is not None and not res.guard["candidates"]:
