@@ -134,6 +134,7 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
 # Initialisers of at least this many bytes go to the child's weight file (`_weights_to_disk`)
 _TO_DISK_BYTES = 16 << 10
 WEIGHTS_FILE = "weights.data"
+RESULT_WEIGHTS_FILE = "result.data"  # the weights of a child's result, beside result.onnx
 
 
 def _weights_to_disk(model: onnx.ModelProto) -> None:
@@ -337,7 +338,12 @@ def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int
     try:
         out, detail = _RUNNERS[name](model)
         changed = out is not None and out is not model
-        if changed:
+        if changed:  # the weights to a file one tensor at a time: no serialised copy of them beside the model
+            from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+            convert_model_to_external_data(out, all_tensors_to_one_file=True, location=RESULT_WEIGHTS_FILE,
+                                           size_threshold=_TO_DISK_BYTES, convert_attribute=False)
+            write_external_data_tensors(out, scratch)
             with open(result, "wb") as f:
                 f.write(out.SerializeToString())
         conn.send((changed, detail, None))
