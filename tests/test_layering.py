@@ -27,7 +27,7 @@ LAYERS = [
     {"rl", "distributed"},
     {"search"},
     {"policies", "serve", "sweeps"},
-    {"api", "options"},
+    {"api", "options", "deploy"},
     {"cli", "__main__"},
 ]
 LEVEL = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

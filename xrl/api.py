@@ -18,6 +18,9 @@ import onnx
 
 from xrl.cost import cost_model_options, get_cost_model
 from xrl.cost.base import CostModel
+from xrl.deploy.candidates import Candidate
+from xrl.deploy.candidates import chosen as chosen_candidate
+from xrl.deploy.candidates import exported as exported_candidate
 from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
@@ -69,6 +72,8 @@ class OptimizeResult:
     # Target paper only: the estimate of the searched graph, whose fused kernels the written file cannot
     # express (the figure TASO, Tensat and X-RLflow report); `speedup` is the file's
     searched_speedup: float | None = None
+    # wall seconds of each stage of `optimize` (deployment, starts, search, candidates, guard, measure, write)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     # What was or would be written: a full model, or a head and its weights (`to_onnx(..., external=...)`),
     # made into the full model on first access of `model`: a run that only writes its file (the CLI)
     # never holds the whole optimised model in memory
@@ -203,13 +208,20 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
     from xrl.cost import get_target
-    from xrl.cost.guard import GuardCandidate
     from xrl.frontends.onnx_io import from_onnx, initializer_bytes, save_onnx, split_model, to_onnx, trim_heap
     from xrl.frontends.verify import compare_models, reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
     check_search_options(search, prepass, target, cost)
     check_threads(threads)
+    stages: dict[str, float] = {}  # each stage's wall seconds, in order (--json's stage_seconds)
+    lap = [time.perf_counter()]
+
+    def done(stage: str) -> None:
+        now = time.perf_counter()
+        stages[stage] = stages.get(stage, 0.0) + now - lap[0]
+        lap[0] = now
+
     loaded = as_loaded(model, input_shapes=input_shapes, seed=seed)
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
     # the per-op analytic model is the research setting's cost: asked for by name, it means that target
@@ -220,6 +232,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         cost_options.setdefault("threads", threads)
     cost_model = get_cost_model(cost, device=device or "auto", target=tgt.name, **cost_options)
     original_cost = cost_model.cost(loaded.graph)
+    done("deployment")
     t0 = time.perf_counter()
     # Memory: the original's model is a second copy of every weight beside the IR. It is taken once, for
     # its outputs on the verification inputs (every candidate is compared with these) and for the
@@ -261,8 +274,9 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
                   if guarded and start is not base else None)
     if time_limit is not None and time_limit != float("inf"):
         time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
-    if hasattr(cost_model, "deadline"):  # kernels not yet timed when the search's time is up: the scaled roofline
-        cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
+    # kernels not yet timed when the search's time is up: the scaled roofline (estimates ignore it)
+    cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
+    done("starts")
     while True:
         outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                              options=search_options or {})
@@ -277,19 +291,18 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         reports.append({"name": "(all)", "applied": False, "detail": f"dropped: failed verification ({check.detail})"})
         start = base
     outcome.steps = [*merged, *outcome.steps]
-    searched_too = []  # (guard candidate, its graph, its rewrites): more searches' results for the guard
+    searched_too: list[Candidate] = []  # more searches' results for the guard
     if pre_slower is not None and start is not base:
         reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(start),
                         "detail": f"measured {pre_slower:.3f}x what they were given: the search ran from both"})
-        if hasattr(cost_model, "deadline"):
-            cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
+        cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
         too = run_search(search, base, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                          options=search_options or {})
-        too_graph = too.graph.validate()
-        candidate = _verified_candidate(SEARCH_WITHOUT_PREPASSES, too_graph, ref)
+        candidate = exported_candidate(SEARCH_WITHOUT_PREPASSES, too.graph.validate(), [*merged, *too.steps], ref)
         if candidate is not None:
-            searched_too.append((candidate, too_graph, [*merged, *too.steps]))
+            searched_too.append(candidate)
     elapsed = time.perf_counter() - t0
+    done("search")
     # What is reported is the file: its cost is that of the exported model read back, never the search's.
     # The research target's fused kernels exist only in the IR (export lowers them back to plain ops):
     # its estimate of the searched graph is reported beside the file's, as `searched_speedup`.
@@ -303,25 +316,32 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     if guarded:
         from xrl.cost.guard import measure_guard
 
-        # each candidate with the graph its file is exported from: the candidates share the weights they
-        # did not change (export and import pass the arrays, not copies)
-        candidates = []
-        for label, graph in ([("pre-pass", prepassed)] if prepassed is not base else []) + peers:
-            candidate = _verified_candidate(label, graph, ref)
-            if candidate is not None:
-                candidates.append((candidate, graph))
-        candidates.insert(1 if candidates and candidates[0][0].label == "pre-pass" else 0,
-                          (GuardCandidate("search", written), best))
+        # each candidate with its own file and rewrites: the candidates share the weights they did not change
+        # (export and import pass the arrays, not copies)
+        note = None
+        if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so if written
+            note = {"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(prepassed),
+                    "detail": "kept after all: the guard measured the pre-passes' result fastest"}
+        candidates = [c for c in ([exported_candidate("pre-pass", prepassed, merged, ref)] if prepassed is not base
+                                  else []) if c is not None]
+        if candidates:
+            candidates[0].note = note
+        candidates += [c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
+                       if c is not None]
+        candidates.insert(1 if candidates and candidates[0].label == "pre-pass" else 0,
+                          Candidate("search", best, written, exported, weights, list(outcome.steps)))
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit, ref)
         if alternative is not None:
-            searched_too.append((*alternative[:2], [*merged, *alternative[2]]))
-        candidates += [(c, g) for c, g, _ in searched_too]
+            alternative.steps = [*merged, *alternative.steps]
+            searched_too.append(alternative)
+        candidates += searched_too
+        done("candidates")
         timer = _guard_timer(tgt, threads, measure_options)
         opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
                 **dict(guard_options or {})}
-        g = measure_guard(timer, loaded.graph, [c for c, _ in candidates], **opts)
+        g = measure_guard(timer, loaded.graph, [c.guard() for c in candidates], **opts)
         guard_report = g.to_json()
-        chosen = next(((c, m) for c, m in candidates if c.label == g.chosen), None)
+        chosen = chosen_candidate(candidates, g.chosen)
         if chosen is None:  # the original: the user's model, as loaded (checked again before it is written)
             if original_head is not None:
                 exported, weights = original_head, original_weights
@@ -335,28 +355,15 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             if not check.ok:
                 raise VerificationError(f"the original model, read again to be written, no longer computes what it "
                                         f"did ({check.detail}); nothing was written")
-        elif chosen[0].label == "search":
-            pass  # `exported` and `weights` are the search's already
-        elif chosen[0].label == "pre-pass":
-            weights = {}
-            written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
-            outcome = SearchResult(graph=prepassed, steps=merged, details=outcome.details)
-            if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so
-                reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes,
-                                "nodes_after": len(prepassed),
-                                "detail": "kept after all: the guard measured the pre-passes' result fastest"})
-        elif chosen[0].label.startswith("pre-pass "):  # a peer's pass alone
-            weights = {}
-            written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
-            outcome = SearchResult(graph=chosen[1], steps=merged, details=outcome.details)
-        else:  # another search's result: the roofline's, or the search without the pre-passes
-            weights = {}
-            written, exported = chosen[0].graph, to_onnx(chosen[1], external=weights)
-            rewrites = next(r for c, _, r in searched_too if c.label == chosen[0].label)
-            outcome = SearchResult(graph=written, steps=rewrites, details=outcome.details)
+        else:  # the winner carries its own file and rewrites
+            written, exported, weights = chosen.written, chosen.head, chosen.weights
+            outcome = SearchResult(graph=chosen.graph, steps=chosen.steps, details=outcome.details)
+            if chosen.note is not None:
+                reports.append(chosen.note)
         optimized_cost = cost_model.cost(written)
-        guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.graph) for c, _ in candidates}
+        guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.written) for c in candidates}
         del candidates, alternative, chosen, searched_too
+        done("guard")
     measured = None
     if guard_report is not None and guard_report["chosen"] != "original":
         measured = guard_report["candidates"][guard_report["chosen"]]
@@ -369,9 +376,12 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         # the file as written against the original, with an A/A control of the original in every round
         measured = measure_speedup(timer, loaded.graph, written, rounds=measure_rounds, control=True,
                                    max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS)).to_json()
+    if measure is not None and guard_report is None:
+        done("measure")
     if out_path is not None:
         save_onnx(exported, out_path, weights)  # written from the arrays: no serialised copy in memory
-    report = cost_model.report() if hasattr(cost_model, "report") else None
+    report = cost_model.report()
+    done("write")
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
@@ -381,7 +391,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
         measured_speedup=measured["speedup"] if measured else None,
         measured_interval=list(measured["interval95"]) if measured else None,
-        verdict=measured["verdict"] if measured else None, cost_report=report,
+        verdict=measured["verdict"] if measured else None, cost_report=report, stage_seconds=stages,
         written_model=(exported, weights) if weights else exported,
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
@@ -411,30 +421,14 @@ def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt:
     estimate ranks every rewrite as the machine does
     (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
     some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
-    Returns (candidate, the graph its ONNX model is exported from, its rewrites), or None."""
+    Returns the verified candidate (its rewrites from `start`), or None."""
     from xrl.cost.kernel_measured import MeasuredKernelCostModel
 
     if not get_search(search).roofline_alternative or not isinstance(cost_model, MeasuredKernelCostModel):
         return None
     roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
     outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
-    best = outcome.graph.validate()
-    candidate = _verified_candidate(roofline_label(search), best, ref)
-    return None if candidate is None else (candidate, best, list(outcome.steps))
-
-
-def _verified_candidate(label: str, graph: Graph, ref: Any) -> Any:
-    """A guard candidate of `graph`: its exported file read back (what would be written is what is timed),
-    or None where that file does not compute what the original does (`ref`: the original's outputs)."""
-    from xrl.cost.guard import GuardCandidate
-    from xrl.frontends.onnx_io import from_onnx, to_onnx
-    from xrl.frontends.verify import compare_models
-
-    weights: dict = {}  # the file's weights: the graph's own arrays, not copies
-    exported = to_onnx(graph, external=weights)
-    if not compare_models(ref, exported, external=weights).ok:
-        return None
-    return GuardCandidate(label, from_onnx(exported, name=graph.name, external=weights))
+    return exported_candidate(roofline_label(search), outcome.graph.validate(), list(outcome.steps), ref)
 
 
 def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[str], peers_wanted: bool,

@@ -407,6 +407,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                               f"--device to optimise for this one, or {advice}")
             print(f"xrl: warning: the optimised model ran slower on this machine than the original "
                   f"({res.measured['speedup']:.3f}x) under {res.measured['cost_model']}; {advice}", file=sys.stderr)
+    if res.stage_seconds:  # where the wall time went, one line
+        print("stages: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.stage_seconds.items()))
     if res.output:
         print(f"wrote {Path(res.output)}")
     return status

@@ -11,6 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from xrl.errors import ConfigError
 from xrl.ir import Graph, Node
@@ -39,6 +40,9 @@ class CostModel(ABC):
     name: str = "base"
     per_op: bool = True  # True: graph cost is the sum of op costs, and delta_cost is exact
     measured: bool = False  # True: a noisy timing, which a search must confirm before it trusts a gain
+    # time.monotonic() past which a measuring model times no new kernel (the search's time limit); the
+    # estimates ignore it. Declared here so that callers set it on any model, never by hasattr
+    deadline: float | None = None
 
     def __init__(self) -> None:
         self._op_cache: dict[tuple, float] = {}
@@ -67,6 +71,11 @@ class CostModel(ABC):
         """The graph's cost with its spread; an analytic model has none."""
         c = self.cost(graph)
         return Measurement(c, 1, 0.0, c, c)
+
+    def report(self) -> dict[str, Any] | None:
+        """What the model did for the result's `cost_report` (a measuring model's cache hits and timing
+        time); None where there is nothing to say (an estimate)."""
+        return None
 
     def remeasure(self, graph: Graph) -> Measurement:
         """A fresh measurement, never a remembered one. Estimates and cached per-op timings do not
