@@ -37,6 +37,11 @@ class PolicyConfig:
     # How candidates are encoded, not what the network is: True, each from the region it changes
     # (xrl.features.incremental, exact); False, each candidate graph whole (the old path, kept to compare).
     incremental: bool = True
+    # Issue 32.3: score(c) = -hint_c / prior_temperature + a learned correction whose last layer starts at
+    # zero, so the untrained policy IS the cost prior (xrl.rl.priors.CostPrior) and learning can only be
+    # earned from there. The prior term reads the env's hints even where `use_hints` hides them from the net.
+    residual_prior: bool = False
+    prior_temperature: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +61,12 @@ class GraphPolicy(nn.Module):
         self.encoder = GraphEncoder(cfg.node_dim, cfg.edge_dim, cfg.global_dim, cfg.encoder)
         self.score = mlp(3 * h + CAND_DIM, h, h, 1)
         self.value = mlp(h + STATE_DIM, h, h, 1)
+        if cfg.residual_prior:
+            if not cfg.prior_temperature > 0:
+                raise ValueError(f"prior_temperature must be positive, not {cfg.prior_temperature}")
+            last = self.score[-1]
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
 
     def forward(self, meta: MetaGraph | IncrementalMeta) -> tuple[GroupedCategorical, Tensor]:
         """The action distribution of every state in `meta`, and its value [S]."""
@@ -73,6 +84,8 @@ class GraphPolicy(nn.Module):
         hints = meta.cand_attr if self.cfg.use_hints else torch.zeros_like(meta.cand_attr)
         state_attr = meta.state_attr if self.cfg.use_hints else torch.zeros_like(meta.state_attr)
         logits = self.score(torch.cat([h_c, h_sc, h_c - h_sc, hints], dim=1)).squeeze(-1)  # [C]
+        if self.cfg.residual_prior:  # the cost prior's logit (hint 0: percent of the start's cost) + correction
+            logits = logits - meta.cand_attr[:, 0] / self.cfg.prior_temperature
         value = self.value(torch.cat([h_s, state_attr], dim=1)).squeeze(-1)  # [S]
         return GroupedCategorical(logits, meta.cand_state, meta.num_states), value
 
