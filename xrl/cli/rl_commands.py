@@ -127,6 +127,7 @@ def _check_overrides(overrides: list[str]) -> None:
 def _train_job(cfg: Any) -> float:
     from hydra.core.hydra_config import HydraConfig
 
+    import xrl.search.registry  # noqa: F401 - registers the runner of imitation's teacher searches
     from xrl.rl.train import train
 
     hc = HydraConfig.get()

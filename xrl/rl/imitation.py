@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,12 +69,13 @@ class Demonstration:
     # empty: a value-only state (a searched state with no better descendant: its return is a target, no action is)
 
 
-def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0
-                 ) -> dict[str, tuple[str, list[str], float]]:
-    """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found."""
-    # upward on purpose: a teacher is any registered search, looked up by name (tests/test_layering.py)
-    from xrl.search.registry import run_search
+def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0,
+                 run: Callable[..., Any] | None = None) -> dict[str, tuple[str, list[str], float]]:
+    """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found. `run` runs a
+    search by name (None: the one the search registry registered, `xrl.teachers`)."""
+    from xrl.teachers import teacher_runner
 
+    run_search = run if run is not None else teacher_runner()
     unknown = [t for t in cfg.teachers if t not in TEACHERS]
     if unknown:
         raise ConfigError(f"imitation teacher(s) {', '.join(map(repr, unknown))} unknown; a teacher must return a "

@@ -32,6 +32,7 @@ from typing import Any
 from xrl.cost.base import CostModel
 from xrl.errors import ConfigError, XrlError
 from xrl.ir import Graph
+from xrl.teachers import register_teacher_runner
 from xrl.search.result import SearchResult
 
 ENTRY_POINT_GROUP = "xrl.searches"
@@ -242,3 +243,7 @@ def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: 
     # enumerating one state's candidates stops at the limit too; a terminal shows the progress
     with enumeration_deadline(time_limit), search_progress(method, cost, graph, time_limit):
         return entry.runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
+
+
+# imitation's teachers are searches run by name; rl sits below this registry, so the registry hands itself down
+register_teacher_runner(run_search)
