@@ -40,3 +40,55 @@ def test_the_guided_search_keeps_its_budget(paper):
     res = guided_search(CostPrior(), g, budget.model, time_limit=5.0)
     assert budget.calls <= 30
     assert paper.cost(res.graph) <= paper.cost(g) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("method,options", [("greedy", {}), ("beam", {}), ("taso", {}), ("random", {}),
+                                            ("rl-cost", {}), ("rl", {"mode": "argmax"})])
+def test_every_search_keeps_max_cost_calls(paper, method, options):
+    """The registry's option: what reaches the real model (counted below the budget) is at most N calls, for
+    every search, so a search that priced graphs past the budget (bypassing it) fails here."""
+    from xrl.search.registry import run_search
+
+    g = resolve_graph("lora_qkv")
+    n = 5
+    below = CallCounter(paper)  # counts what gets through the budget to the model
+    res = run_search(method, g, below.model, seed=0, steps=None, time_limit=10.0,
+                     options={**options, "max_cost_calls": n})
+    assert 0 < below.calls <= n
+    assert res.details["cost_calls"] == below.calls
+    assert paper.cost(res.graph) <= paper.cost(g) * (1 + 1e-9)
+
+
+def test_the_counter_sees_every_call_a_search_makes(paper):
+    """Without a budget the same searches make more than N calls: the test above binds."""
+    from xrl.search.registry import run_search
+
+    g = resolve_graph("lora_qkv")
+    for method in ("greedy", "beam", "taso"):
+        below = CallCounter(paper)
+        run_search(method, g, below.model, seed=0, steps=None, time_limit=3.0, options={})
+        assert below.calls > 5, method
+
+
+def test_max_cost_calls_is_checked(paper):
+    from xrl.errors import ConfigError
+    from xrl.search.registry import run_search
+
+    g = resolve_graph("lora_qkv")
+    for bad in (0, -3, "x", 2.5):
+        with pytest.raises(ConfigError):
+            run_search("greedy", g, paper, seed=0, steps=None, time_limit=1.0, options={"max_cost_calls": bad})
+
+
+def test_the_guided_search_stops_when_its_calls_are_spent(paper):
+    """It does not spin to its time limit on +inf answers."""
+    import time
+
+    from xrl.rl.guided import guided_search
+    from xrl.rl.priors import CostPrior
+
+    g = resolve_graph("lora_qkv")
+    budget = CallBudget(paper, 10)
+    t0 = time.perf_counter()
+    guided_search(CostPrior(), g, budget.model, time_limit=20.0)
+    assert budget.exhausted and time.perf_counter() - t0 < 10.0

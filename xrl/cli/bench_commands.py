@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", metavar="PATH", help="policy checkpoint (or exported .onnx, or a shipped name) for "
                                                     "--search rl (implies it)")
     p.add_argument("--budget", type=float, default=10.0, metavar="S", help="seconds per graph and seed (default 10)")
+    p.add_argument("--calls", type=int, metavar="N", help="also stop each run after N cost-model calls (the search "
+                                                          "option max_cost_calls; the seconds still bound it)")
     p.add_argument("--seeds", default="1", metavar="N|S1,S2,...",
                    help="a count N (seeds 0..N-1; default 1: seed 0) or a comma-separated list of seeds (3,7)")
     p.add_argument("--list", action="store_true", help="list the suite's graphs and references; run nothing")
@@ -64,7 +66,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     entries = suite.suite_graphs(split, names)
     suite.load_references()  # a missing reference file is one line too
-    options = {"policy": args.policy} if args.policy else {}
+    if args.calls is not None and args.calls < 1:
+        raise ConfigError(f"--calls must be at least 1, not {args.calls}")
+    options: dict = {"policy": args.policy} if args.policy else {}
+    if args.calls is not None:
+        options["max_cost_calls"] = args.calls
     bar = None
     if sys.stderr.isatty():
         from tqdm import tqdm
@@ -87,7 +93,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    board = suite.leaderboard(rows, method=method, split=split, time_limit=args.budget, policy=args.policy)
+    board = suite.leaderboard(rows, method=method, split=split, time_limit=args.budget, policy=args.policy,
+                              max_calls=args.calls)
     if args.json:
         from dataclasses import asdict
 
@@ -103,7 +110,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_table(["method", "policy", "split", "graphs x seeds", "budget", "cost", "verified", "mean share",
                         "at >= 90%", "geomean speed-up", "reference geomean"],
                        [[board["method"], board["policy"] or "-", board["split"],
-                         f"{board['graphs']} x {board['seeds']}", f"{board['budget_s']:g} s", board["cost"],
+                         f"{board['graphs']} x {board['seeds']}",
+                         f"{board['budget_s']:g} s" + (f", {args.calls} calls" if args.calls else ""), board["cost"],
                          board["verified"], _num(board["mean_share"], "{:.1%}"), _num(board["at_90pct"], "{:.0%}"),
                          _num(board["geomean_speedup"], "{:.3f}x"), _num(board["reference_geomean"], "{:.3f}x")]]))
     if board["stale_references"]:

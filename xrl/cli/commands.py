@@ -125,6 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "network initialised from --seed; uniform; cost: a softmax over each rewrite's estimated gain)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="--search rl --rl-mode argmax: also play K sampled rollouts and keep the best graph")
+    p.add_argument("--max-cost-calls", type=int, metavar="N", help="stop the search after N cost-model calls (any "
+                   "search; the search option max_cost_calls, beside --time-limit)")
     p.add_argument("--beam-width", type=int, metavar="K", help="--search beam: graphs kept per level (default 8)")
     p.add_argument("--beam-alpha", type=float, metavar="A",
                    help="--search beam: keep graphs up to A times the best cost so far (default 1.1)")
@@ -346,6 +348,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             raise ConfigError("--beam-width and --beam-alpha apply to --search beam, "
                               "--max-states to --search exhaustive")
         options.update(beam)
+    if args.max_cost_calls is not None:
+        options["max_cost_calls"] = args.max_cost_calls  # checked (>= 1) by xrl.search.registry
     if args.measure_repeats < 1:
         from xrl.errors import ConfigError
 

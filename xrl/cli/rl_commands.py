@@ -138,7 +138,7 @@ def _train_job(cfg: Any) -> float:
     what = "vs the default pass order" if cfg.get("env", {}).get("name") == "pass_ordering" else "speedup"
     print(f"trained {s.updates} updates, {s.env_steps} env steps in {s.time_s:.1f} s; "
           f"sampled {what} {last.get('speedup_mean', float('nan')):.3f}x, "
-          f"greedy eval {last.get('eval_speedup_mean', float('nan')):.3f}x (train graphs)")
+          f"policy argmax {last.get('eval_speedup_mean', float('nan')):.3f}x (train graphs)")
     print(f"checkpoint {s.last_checkpoint}" + (f", best {s.best_checkpoint}" if s.best_checkpoint else ""))
     if s.curves:
         print(f"learning curves {s.curves}")

@@ -158,8 +158,11 @@ class _Clock:
     last_find: float = 0.0  # now() of the last new best
     factor: float | None = None  # what the last find earns: `earn`, or ANCHOR_EARN for an incumbent
     now: Callable[[], float] = time.perf_counter  # the budget's clock (expert iteration: CPU seconds)
+    spent: Callable[[], bool] | None = None  # a cost-call budget's (xrl.search.budget): True once it is used up
 
     def over(self) -> bool:
+        if self.spent is not None and self.spent():
+            return True  # past its calls the model answers +inf: nothing more can be found
         now = self.now()
         if now >= self.deadline:
             return True
@@ -221,8 +224,9 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     prior = as_prior(prior)
     called = timer()  # an incumbent was found by now: setting up below spends the earned time
     t0 = called if t0 is None else t0
+    spent = getattr(cost_model, "budget_exhausted", None)
     clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0,
-                   now=timer)
+                   now=timer, spent=spent)
     # one engine (its rules parsed and verified once) for the argmax rollout and the beam, remembering states
     engine = memo_engine(engine)
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
@@ -245,7 +249,7 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     if prior.rolls_out:
         # After an incumbent the rollout is on the stop rule's clock too; alone it runs to the budget, as the
         # passes earn their time from its end
-        roll_clock = clock if incumbent is not None else _Clock(t0, clock.deadline, None, t0, now=timer)
+        roll_clock = clock if incumbent is not None else _Clock(t0, clock.deadline, None, t0, now=timer, spent=spent)
         first = _argmax_rollout(prior, graph, cost_model, engine, horizon, max_candidates, roll_clock, best)
         env_steps, rollout_speedups = first.env_steps, [first.speedup]
         if incumbent is None:

@@ -32,8 +32,8 @@ from typing import Any
 from xrl.cost.base import CostModel
 from xrl.errors import ConfigError, XrlError
 from xrl.ir import Graph
-from xrl.teachers import register_teacher_runner
 from xrl.search.result import SearchResult
+from xrl.teachers import register_teacher_runner
 
 ENTRY_POINT_GROUP = "xrl.searches"
 # The RL search's own module: imported on the first lookup, see the module docstring
@@ -114,8 +114,7 @@ def measured_screen(cost: CostModel) -> CostModel:
     from xrl.cost import AnalyticCostModel
     from xrl.cost.devices import this_machine_profile
 
-    # e2e keeps its device as `device`, ort in its options; the cuda model is on this machine's GPU
-    device = getattr(cost, "device", None) or getattr(getattr(cost, "options", None), "device", None) or "auto"
+    device = cost.timing_device() or "auto"
     return AnalyticCostModel(device="cpu" if device == "cpu" else this_machine_profile())
 
 
@@ -240,9 +239,35 @@ def run_search(method: str, graph: Graph, cost: CostModel, *, seed: int, steps: 
     entry = get_search(method)
     if time_limit is None and entry.default_time_limit:
         time_limit = DEFAULT_TIME_LIMIT_S
+    options = dict(options)
+    # a budget in cost-model calls (issue 32.4), for every search alike: the search sees a model that answers
+    # +inf past N calls (xrl.search.budget), so none needs its own counting
+    budget = call_budget(cost, options.pop(MAX_COST_CALLS, None))
     # enumerating one state's candidates stops at the limit too; a terminal shows the progress
     with enumeration_deadline(time_limit), search_progress(method, cost, graph, time_limit):
-        return entry.runner(graph, cost, seed=seed, steps=steps, time_limit=time_limit, **options)
+        res = entry.runner(graph, budget.model if budget else cost, seed=seed, steps=steps, time_limit=time_limit,
+                           **options)
+    if budget is not None:
+        res.details = {**(res.details or {}), "cost_calls": budget.calls, MAX_COST_CALLS: budget.max_calls}
+    return res
+
+
+MAX_COST_CALLS = "max_cost_calls"  # the search option (`--search-option max_cost_calls=N`, `xrl bench --calls N`)
+
+
+def call_budget(cost: CostModel, max_calls: Any) -> Any:
+    """A CallBudget of `max_calls` (an int >= 1, or text of one) on `cost`; None for no budget."""
+    if max_calls is None:
+        return None
+    from xrl.search.budget import CallBudget
+
+    try:
+        n = int(max_calls)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{MAX_COST_CALLS} takes a whole number of cost-model calls, not {max_calls!r}") from None
+    if n < 1 or n != float(max_calls):
+        raise ConfigError(f"{MAX_COST_CALLS} must be a whole number >= 1, not {max_calls!r}")
+    return CallBudget(cost, n)
 
 
 # imitation's teachers are searches run by name; rl sits below this registry, so the registry hands itself down

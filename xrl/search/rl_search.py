@@ -97,8 +97,7 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
             engine = guided.memo_engine(engine)
             if anchored:  # no limit given: the guided part's own budget starts after greedy
                 limit = min(given) if given else time.perf_counter() - t0 + GUIDED_BUDGET_S
-            else:
-                t0 = time.perf_counter()
+            else:  # t0 stays the run's start: the time limit includes torch's import and the policy's load
                 limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
             return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
                                         horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),

@@ -36,6 +36,7 @@ import numpy as np
 
 from xrl.errors import ConfigError
 from xrl.ir import Graph
+from xrl.search.budget import CallBudget
 
 COST = "target"
 TARGET = "paper"
@@ -353,27 +354,13 @@ def verify(original: Graph, result: Graph, seed: int = 0) -> float:
 VERIFY_TOLERANCE = 1e-4
 
 
-class CallCounter:
-    """Counts the calls made to a cost model (whole-graph costs and per-op deltas): a run's budget in cost-model
-    calls, reported beside its seconds. `model` is a shallow copy of the wrapped model whose `cost` and
-    `delta_cost` count (a copy, so that `isinstance` checks and every other attribute are the model's own)."""
+class CallCounter(CallBudget):
+    """Counts the calls made to a cost model (whole-graph costs, per-op deltas, greedy's local re-costs): a run's
+    budget in cost-model calls, reported beside its seconds. The same counter as a budget's
+    (`xrl.search.budget.CallBudget`) with no limit: `model` is the counting copy, `calls` the count."""
 
     def __init__(self, inner: Any) -> None:
-        import copy
-
-        self.calls = 0
-        self.model = copy.copy(inner)
-        cost, delta = inner.cost, inner.delta_cost
-
-        def counted_cost(graph: Graph) -> float:
-            self.calls += 1
-            return cost(graph)
-
-        def counted_delta(*args: Any, **kwargs: Any) -> float:
-            self.calls += 1
-            return delta(*args, **kwargs)
-
-        self.model.cost, self.model.delta_cost = counted_cost, counted_delta
+        super().__init__(inner, None)
 
 
 @dataclass
@@ -438,7 +425,7 @@ def run_bench(method: str, *, split: str | None = "held-out", names: Iterable[st
 
 
 def leaderboard(rows: Sequence[BenchRow], *, method: str, split: str | None, time_limit: float,
-                policy: str | None = None) -> dict[str, Any]:
+                policy: str | None = None, max_calls: int | None = None) -> dict[str, Any]:
     """One CompilerGym-style leaderboard row: what ran, on what, at what budget, and how far it got."""
     from xrl.stats import geomean
 
@@ -447,6 +434,7 @@ def leaderboard(rows: Sequence[BenchRow], *, method: str, split: str | None, tim
     return {
         "method": method, "policy": policy, "split": split or "all", "graphs": len({r.graph for r in rows}),
         "seeds": len({r.seed for r in rows}), "runs": len(rows), "budget_s": time_limit,
+        "budget_calls": max_calls,
         "cost": f"{COST} ({TARGET})", "rules": RULES,
         "verified": f"{len(ok)}/{len(rows)}",
         "mean_share": float(np.mean(shares)) if shares else math.nan,
