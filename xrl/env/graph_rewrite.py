@@ -102,7 +102,10 @@ class GraphRewriteEnv(gym.Env):
                  *, engine: Any = None,
                  horizon: int = 50, reward: str = "dense", reward_every: int = 1, shaping: str = "none",
                  gamma: float = 0.99, max_candidates: int | None = None, render_mode: str | None = None,
-                 observation: str | None = None, max_nodes: int | None = None, max_edges: int | None = None) -> None:
+                 observation: str | None = None, max_nodes: int | None = None, max_edges: int | None = None,
+                 rules: str | None = None) -> None:
+        """`rules`: a named rule set (xrl.rewrite.rules: all, elementary, ...) for the default engine; ignored
+        when `engine` is given."""
         if horizon < 1:
             raise ConfigError(f"the horizon must be at least 1 step, not {horizon}")
         if max_candidates is not None and max_candidates < 1:
@@ -117,11 +120,16 @@ class GraphRewriteEnv(gym.Env):
         # What it takes to build this env again (fork, validate): the constructor's own arguments.
         self._kwargs = dict(horizon=horizon, reward=reward, reward_every=reward_every, shaping=shaping, gamma=gamma,
                             max_candidates=max_candidates, observation=observation, max_nodes=max_nodes,
-                            max_edges=max_edges)
+                            max_edges=max_edges, rules=rules)
         if engine is None:
             from xrl.rewrite import RewriteEngine
 
-            engine = RewriteEngine.default()
+            if rules is None:
+                engine = RewriteEngine.default()
+            else:
+                from xrl.rewrite.rules import load_rules
+
+                engine = RewriteEngine(load_rules(rule_set=rules))
         self.engine = engine
         self.cost_model = cost if isinstance(cost, CostModel) else get_cost_model(cost)
         # Hints and candidate caps need a cheap per-candidate estimate: the backend itself when it is

@@ -140,8 +140,10 @@ def policy_config(model: Mapping[str, Any]) -> PolicyConfig:
     model = dict(model)
     use_hints = bool(model.pop("use_hints", True))
     incremental = typed("model.incremental", model.pop("incremental", True), True)
+    residual = bool(model.pop("residual_prior", False))
+    temperature = float(model.pop("prior_temperature", 1.0))
     return PolicyConfig(NODE_DIM, EDGE_DIM, GLOBAL_DIM, take(EncoderConfig, model, "model"), use_hints=use_hints,
-                        incremental=incremental)
+                        incremental=incremental, residual_prior=residual, prior_temperature=temperature)
 
 
 def env_kwargs(env: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,9 @@ class RewriteTask(TrainingTask):
         pcfg = policy_config(c["model"])
         self.train_graphs, self.val_graphs, self.eval_graphs = graph_split(c["graphs"])
         cost = c.get("cost", {})
-        self.spec = CollectorSpec(graphs=self.train_graphs, policy=pcfg, env=env_kwargs(c.get("env", {})),
+        # The env's rule set is the run's `rules` (xrl.rewrite.rules.load_rules(rule_set=...)): all, elementary, ...
+        env = {**env_kwargs(c.get("env", {})), "rules": c.get("rules") or "all"}
+        self.spec = CollectorSpec(graphs=self.train_graphs, policy=pcfg, env=env,
                                   cost=cost.get("name", "analytic"), device=cost.get("device", "h100"),
                                   episodes_per_worker=typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0),
                                   seed=seed, cache_size=typed("cache_size", c.get("cache_size", 4096), 0))
