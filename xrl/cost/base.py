@@ -11,10 +11,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xrl.errors import ConfigError
 from xrl.ir import Graph, Node
+
+if TYPE_CHECKING:
+    from xrl.cost.targets import Target
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class CostModel(ABC):
     # time.monotonic() past which a measuring model times no new kernel (the search's time limit); the
     # estimates ignore it. Declared here so that callers set it on any model, never by hasattr
     deadline: float | None = None
+    # the runtime whose kernels a target model costs (xrl.cost.targets sets it); None for the research
+    # models, which cost the IR as it is
+    target: Target | None = None
 
     def __init__(self) -> None:
         self._op_cache: dict[tuple, float] = {}
@@ -75,6 +81,17 @@ class CostModel(ABC):
     def report(self) -> dict[str, Any] | None:
         """What the model did for the result's `cost_report` (a measuring model's cache hits and timing
         time); None where there is nothing to say (an estimate)."""
+        return None
+
+    def per_op_estimate(self) -> CostModel | None:
+        """A per-op model for what needs a sum over ops (tensat's ILP extraction): this model when it is
+        one; a target's model answers its device's roofline (the kernels' fusions couple neighbours); None
+        for a whole-graph timer."""
+        return self if self.per_op else None
+
+    def timing_device(self) -> str | None:
+        """Where a measuring model times: "cpu", "cuda" or "auto" (this machine's pick), for the analytic
+        screen a measured search proposes candidates with; None for an estimate, or a model that cannot say."""
         return None
 
     def remeasure(self, graph: Graph) -> Measurement:

@@ -82,6 +82,9 @@ class E2ECostModel(WholeGraphCostModel):
         raise ConfigError(f"the {self.name!r} cost model times whole graphs and has no per-op cost; use the 'op' "
                           f"cost model for per-op timings")
 
+    def timing_device(self) -> str | None:
+        return self.device
+
     def describe(self) -> str:
         threads = f", threads={self.threads}" if self.threads else ", threads=all" if self.device == "cpu" else ""
         return f"{self.name}({self.engine}, {self.device}, {self.warmup}+{self.repeats} runs{threads})"
@@ -169,6 +172,9 @@ class CudaCostModel(CostModel):
     def delta_cost(self, old: Graph, old_cost: float, new: Graph, removed: Iterable[Node],
                    added: Iterable[Node]) -> float:
         return self.inner.delta_cost(old, old_cost, new, removed, added)
+
+    def timing_device(self) -> str | None:
+        return self.inner.timing_device()
 
     def describe(self) -> str:
         return f"{self.name}({self.granularity}, harness, {self.inner.describe()})"

@@ -423,6 +423,9 @@ class OpMeasuredCostModel(CostModel):
                 parts[key] = self._lookup(key, n, graph, config)
         return combine([(parts[k], counts[k]) for k in parts])
 
+    def timing_device(self) -> str | None:
+        return self.device
+
     def describe(self) -> str:
         where = f"cpu, {self.threads} thread{'s' if self.threads > 1 else ''}" if self.device == "cpu" else "cuda"
         return f"{self.name}({where}, {self.warmup}+{self.repeats} runs, cache {self.cache.path})"

@@ -87,6 +87,9 @@ class OrtCostModel(WholeGraphCostModel):
             return {name: median / len(shares) for name in shares} if shares else {}
         return {name: median * c / total for name, c in shares.items()}
 
+    def timing_device(self) -> str | None:
+        return self.options.device
+
     def describe(self) -> str:
         o = self.options
         where = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"

@@ -184,6 +184,9 @@ class TargetCostModel(CostModel):
     def _op_cost(self, node: Node, graph: Graph) -> float:
         return self.analytic.op_cost(node, graph)
 
+    def per_op_estimate(self) -> CostModel | None:
+        return self if self.per_op else self.analytic
+
     def kernels(self, graph: Graph) -> list[Kernel]:
         return runtime_kernels(graph, self.target.provider)
 

@@ -220,7 +220,7 @@ def run_one(loaded, method: str, cost_model, original_cost: float, config: Compa
 def _costs_the_file(cost_model) -> bool:  # noqa: ANN001 - an xrl.cost.CostModel
     """A target's estimate is of what onnxruntime runs, so it costs the exported file (IR-only fused forms
     are lowered on export); the research setting's per-op model costs the searched graph."""
-    return getattr(cost_model, "target", None) is not None and cost_model.target.runtime == "onnxruntime"
+    return cost_model.target is not None and cost_model.target.runtime == "onnxruntime"
 
 
 def _one_line(e: BaseException) -> str:

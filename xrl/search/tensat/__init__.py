@@ -46,7 +46,7 @@ def tensat_search(graph: Graph, cost_model: CostModel, rules: Sequence[Rule] | N
         raise ConfigError(f"unknown extractor {extractor!r}; choose one of: {', '.join(EXTRACTORS)}")
     # ILP extraction sums per-op costs. A target's estimate is not a sum (the runtime's fusions couple
     # neighbours): extract with the per-op roofline of its device, then judge the result by the target.
-    extraction_model = getattr(cost_model, "analytic", None) if not cost_model.per_op else cost_model
+    extraction_model = cost_model.per_op_estimate()
     if extraction_model is None or not extraction_model.per_op:
         raise ConfigError(f"tensat extracts with per-op costs; the {cost_model.name!r} cost model times whole "
                           "graphs. Use the analytic cost model (--cost analytic) for tensat")
