@@ -111,11 +111,10 @@ def _greedy(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time
 def measured_screen(cost: CostModel) -> CostModel:
     """The analytic model of the device a whole-graph model times on: what proposes the candidates a
     measured greedy search times (its `cpu` profile, or this machine's GPU's)."""
-    from xrl.cost import AnalyticCostModel
-    from xrl.cost.devices import this_machine_profile
+    from xrl.cost import get_cost_model
 
-    device = cost.timing_device() or "auto"
-    return AnalyticCostModel(device="cpu" if device == "cpu" else this_machine_profile())
+    # the one factory: "auto" is this machine's profile (its GPU's, else cpu)
+    return get_cost_model("analytic", device="cpu" if cost.timing_device() == "cpu" else "auto")
 
 
 def _random(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_limit: float | None,
