@@ -1,17 +1,18 @@
 """The runner of imitation's teacher searches (`xrl.rl.imitation`): any registered search, run by name.
 
-The search registry (`xrl.search.registry`) sits a layer above rl, so rl never imports it, and the registry loads
-nothing of rl (this module sits below both): the registry registers its `run_search` here when it is loaded
-(and `xrl train` loads it), or a caller passes a runner to `teacher_runs(..., run=...)`. This module imports nothing, so registering costs the registry nothing.
+The search registry (`xrl.search.registry`) sits a layer above rl, so rl never imports it, and the registry
+loads nothing of rl (this module sits below both): the registry registers its `run_search` here when it is
+loaded, or a caller passes a runner to `teacher_runs(..., run=...)`. A caller that did neither (a training
+run started from Python) gets the registry loaded by module name, as the registry loads its own plug-ins.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-from xrl.errors import ConfigError
-
+REGISTRY_MODULE = "xrl.search.registry"
 _RUN: Callable[..., Any] | None = None
 
 
@@ -23,6 +24,6 @@ def register_teacher_runner(run: Callable[..., Any]) -> None:
 
 def teacher_runner() -> Callable[..., Any]:
     if _RUN is None:
-        raise ConfigError("imitation teachers need the search registry: import xrl.search.registry first, or "
-                          "pass run= to teacher_runs")
+        importlib.import_module(REGISTRY_MODULE)  # registers its run_search on import
+    assert _RUN is not None, f"{REGISTRY_MODULE} registers no teacher runner"
     return _RUN
