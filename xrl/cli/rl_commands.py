@@ -52,7 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=0, help="sampled rollouts besides the greedy one (best kept)")
     p.add_argument("--max-candidates", type=int,
                    help="cap on candidates per step (default: the policy's training cap; 0: no cap)")
-    p.add_argument("--baselines", action="store_true", help="also run greedy search and the random policy")
+    p.add_argument("--baselines", action="store_true",
+                   help="also run greedy search, the random policy, and the guided search (xrl.rl.guided) under the "
+                        "cost prior and under the policy, beside the policy's argmax")
+    p.add_argument("--guided-budget", type=float, default=2.0, metavar="S",
+                   help="--baselines: seconds per graph for each guided search (default 2)")
     p.add_argument("--random-rollouts", type=int, default=3, help="random-policy rollouts per graph (mean reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", metavar="FILE", help="also write the table (markdown) to FILE")
@@ -200,7 +204,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from xrl.env import resolve_graph
     from xrl.rewrite import RewriteEngine
     from xrl.rl.checkpoint import default_policy_path, load_policy
-    from xrl.rl.evaluate import optimize_with_policy, random_rollouts
+    from xrl.rl.evaluate import guided_baselines, optimize_with_policy, random_rollouts
     from xrl.search.rl_search import candidate_cap
 
     if args.env == "pass_ordering":
@@ -208,6 +212,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     args.horizon = 50 if args.horizon is None else args.horizon
     if args.horizon < 1 or args.samples < 0 or args.random_rollouts < 1:
         raise ConfigError("--horizon and --random-rollouts must be at least 1, --samples at least 0")
+    if not args.guided_budget > 0:
+        raise ConfigError(f"--guided-budget must be positive, not {args.guided_budget}")
     path = Path(args.policy) if args.policy else default_policy_path()
     policy, ckpt = load_policy(path)
     cap = candidate_cap(ckpt, args.max_candidates)
@@ -232,6 +238,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             rnd = random_rollouts(graph, cost, engine=engine, horizon=args.horizon, rollouts=args.random_rollouts,
                                   seed=args.seed)
             row["random_speedup"] = sum(rnd.rollout_speedups) / len(rnd.rollout_speedups)
+            for key, found in guided_baselines(policy, graph, cost, engine=engine, horizon=args.horizon,
+                                               max_candidates=cap, time_limit=args.guided_budget).items():
+                row[f"{key}_speedup"] = found.speedup
         rows.append(row)
         if not args.json:
             print(f"\r{len(rows)} graphs evaluated", end="", file=sys.stderr, flush=True)
@@ -276,9 +285,14 @@ def format_passes_table(report: dict[str, Any]) -> str:
             f"ops after, ratio = default ops / agent ops\n" + format_table(head, rows))
 
 
+BASELINE_KEYS = ("random_speedup", "greedy_speedup", "cost_prior_speedup", "guided_speedup")
+
+
 def format_eval_tables(rows: list[dict[str, Any]], *, baselines: bool, title: str) -> str:
     """One table per split (graphs trained on, then held out), with a geometric-mean row each."""
-    head = ["graph", "ops"] + (["random", "greedy"] if baselines else []) + ["rl", "rl steps", "rl time", "uphill"]
+    # rl: the policy's argmax rollout; cost prior / guided: the guided search under the cost prior / the policy
+    head = (["graph", "ops"] + (["random", "greedy", "cost prior", "guided"] if baselines else [])
+            + ["policy argmax", "rl steps", "rl time", "uphill"])
     out = [title]
     for split in ("train", "held-out"):
         part = [r for r in rows if r["split"] == split]
@@ -286,10 +300,10 @@ def format_eval_tables(rows: list[dict[str, Any]], *, baselines: bool, title: st
             continue
         table = []
         for r in part:
-            base = [f"{r['random_speedup']:.3f}x", f"{r['greedy_speedup']:.3f}x"] if baselines else []
+            base = [f"{r[k]:.3f}x" for k in BASELINE_KEYS] if baselines else []
             table.append([r["graph"], r["ops"], *base, f"{r['rl_speedup']:.3f}x", r["rl_steps"],
                           f"{r['rl_time_s']:.1f} s", "yes" if r["uphill_paid_off"] else ""])
-        keys = ("random_speedup", "greedy_speedup") if baselines else ()
+        keys = BASELINE_KEYS if baselines else ()
         gm = [f"{geomean([r[k] for r in part]):.3f}x" for k in keys]
         table.append(["geomean", "", *gm, f"{geomean([r['rl_speedup'] for r in part]):.3f}x", "", "", ""])
         out.append(f"\n{'graphs trained on' if split == 'train' else 'held-out graphs'}:")
