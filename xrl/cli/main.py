@@ -28,24 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     commands.register(sub)
     rewrite_commands.register(sub)
-    for extra in _optional_command_modules():
+    from xrl.cli import bench_commands, compare_commands, env_commands, policy_commands, rl_commands
+
+    for extra in (rl_commands, compare_commands, env_commands, policy_commands, bench_commands):
         extra.register(sub)
     return parser
-
-
-def _optional_command_modules() -> list:
-    """Command groups of later components (train, eval, compare) register themselves if present."""
-    import importlib
-
-    mods = []
-    for name in ("xrl.cli.rl_commands", "xrl.cli.compare_commands", "xrl.cli.env_commands", "xrl.cli.policy_commands",
-                 "xrl.cli.bench_commands"):
-        try:
-            mods.append(importlib.import_module(name))
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-    return mods
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):

@@ -120,10 +120,6 @@ def _const_ints(node: Node, consts: Consts, i: int, what: str) -> list[int] | No
     return [int(x) for x in np.asarray(c).reshape(-1)]
 
 
-def _numel(t: TensorType) -> int:
-    return t.numel
-
-
 def _act_flops(node: Node, out: TensorType) -> int:
     act = node.attr("activation")
     return ELEMENTWISE_COST.get(act, 1) * out.numel if act else 0
