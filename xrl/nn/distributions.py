@@ -51,7 +51,8 @@ class GroupedCategorical:
     def entropy(self) -> Tensor:
         """[G] entropy of each group's distribution."""
         p = self.probs
-        terms = torch.where(p > 0, -p * self.log_probs, torch.zeros_like(p))
+        # mask the log-probs before multiplying: 0 * -inf in the unused branch of a where() makes NaN gradients
+        terms = -p * torch.where(p > 0, self.log_probs, torch.zeros_like(p))
         return scatter(terms, self.group, dim=0, dim_size=self.num_groups, reduce="sum")
 
     def _argmax(self, keys: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from xrl.features.incremental import IncrementalMeta
 from xrl.features.metagraph import MetaGraph
+from xrl.nn.distributions import GroupedCategorical
 from xrl.nn.policy import GraphPolicy
 
 
@@ -114,6 +115,13 @@ def ppo_losses(new_logp: Tensor, old_logp: Tensor, advantages: Tensor, new_value
     return PPOLosses(loss, pg_loss, v_loss, ent, approx_kl, clip_fraction)
 
 
+def masked_stop(dist: GroupedCategorical, masked: Tensor) -> GroupedCategorical:
+    """`dist` with each group's first action (the stop, candidate 0) removed where `masked` [G] is true."""
+    keep = torch.ones_like(dist.logits, dtype=torch.bool)
+    keep[dist.start[masked]] = False
+    return GroupedCategorical(dist.logits, dist.group, dist.num_groups, keep)
+
+
 @dataclass
 class RolloutBatch:
     """A rollout flattened for PPO: one entry per state visited."""
@@ -124,6 +132,7 @@ class RolloutBatch:
     values: Tensor  # [T]
     rewards: Tensor  # [T]
     dones: Tensor  # [T]
+    stop_masked: Tensor | None = None  # [T] bool: the stop action was masked when sampled (rollout.MASK_STOP)
 
     def __len__(self) -> int:
         return len(self.obs)
@@ -151,6 +160,9 @@ def ppo_update(policy: GraphPolicy, optimizer: torch.optim.Optimizer, batch: Rol
                 sub = idx[c0:c0 + chunk]
                 meta = type(batch.obs[0]).collate([batch.obs[i] for i in sub.tolist()])
                 dist, new_value = policy(meta)
+                if batch.stop_masked is not None and bool(batch.stop_masked[sub].any()):
+                    # the distribution the action was sampled from: stop masked where it was masked then
+                    dist = masked_stop(dist, batch.stop_masked[sub])
                 losses = ppo_losses(dist.log_prob(batch.actions[sub]), batch.logp[sub], adv[c0:c0 + chunk],
                                     new_value, batch.values[sub], returns[sub], dist.entropy(), cfg, normalized=True)
                 w = sub.numel() / n

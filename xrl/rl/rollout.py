@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from xrl.errors import ConfigError
 from xrl.features.incremental import IncrementalFeatures, IncrementalMeta
 from xrl.features.metagraph import FeatureCache, MetaGraph
 from xrl.nn.policy import GraphPolicy, PolicyConfig
-from xrl.rl.ppo import RolloutBatch
+from xrl.rl.ppo import RolloutBatch, masked_stop
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Rollout:
     values: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     dones: list[float] = field(default_factory=list)
+    # per transition: the stop action was masked when it was sampled (MASK_STOP), so PPO re-applies the mask
+    stop_masked: list[bool] = field(default_factory=list)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     collect_s: float = 0.0  # wall time of the collection
     # what the workers' cost models did for it (measured kernel cost: cache hits, kernels timed, seconds)
@@ -76,11 +79,14 @@ class Rollout:
         self.values += other.values
         self.rewards += other.rewards
         self.dones += other.dones
+        self.stop_masked += other.stop_masked
         self.episodes += other.episodes
 
     def to_batch(self) -> RolloutBatch:
+        stop_masked = torch.tensor(self.stop_masked, dtype=torch.bool) if any(self.stop_masked) else None
         return RolloutBatch(self.obs, torch.tensor(self.actions, dtype=torch.long), torch.tensor(self.logp),
-                            torch.tensor(self.values), torch.tensor(self.rewards), torch.tensor(self.dones))
+                            torch.tensor(self.values), torch.tensor(self.rewards), torch.tensor(self.dones),
+                            stop_masked)
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,41 @@ class CollectorSpec:
     episodes_per_worker: int = 4
     seed: int = 0
     cache_size: int = 4096
+    mask_stop: str = "none"  # MASK_STOP: when sampled training episodes may not stop
+
+
+# When a sampled (training) episode may not take the stop action (issue 32.3). An untrained residual policy is
+# the cost prior, whose no-op (hint 0) outweighs every cost-raising candidate, so sampled episodes stopped after a
+# few steps and never reached the raise-then-fold sequences the benchmark needs. "improving": stop is masked while
+# some candidate's estimated cost change (hint 0) is negative -- the episode ends by stopping only where greedy
+# would, or at the horizon. "none": never masked (the old behaviour). Argmax/evaluation episodes are never masked;
+# the mask is recorded per transition and re-applied in the PPO update, so the probability ratio stays exact.
+MASK_STOP = ("none", "improving")
+
+
+def check_mask_stop(mode: str) -> str:
+    """`mode` if it is one of MASK_STOP, else a ConfigError."""
+    if mode not in MASK_STOP:
+        raise ConfigError(f"unknown mask_stop {mode!r}; choose one of: {', '.join(MASK_STOP)}")
+    return mode
+
+
+def stop_mask(meta: MetaGraph | IncrementalMeta, mode: str) -> bool:
+    """Whether `mode` masks the stop action (candidate 0) in the single state `meta`."""
+    if mode == "none":
+        return False
+    if mode == "improving":
+        return bool((meta.cand_attr[1:, 0] < 0).any())
+    raise ConfigError(f"unknown mask_stop {mode!r}; choose one of: {', '.join(MASK_STOP)}")
 
 
 def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache | IncrementalFeatures, graph: Any, *,
-                 greedy: bool, generator: torch.Generator | None, record_to: Rollout | None = None) -> EpisodeRecord:
+                 greedy: bool, generator: torch.Generator | None, record_to: Rollout | None = None,
+                 mask_stop: str = "none") -> EpisodeRecord:
     """Play one episode of `env` from `graph` with `policy` (argmax if `greedy`, else sampled).
 
     With `record_to`, every transition is appended to it (meta-graph, action, log-prob, value,
-    reward, done), for PPO.
+    reward, done, stop masked), for PPO. `mask_stop` (MASK_STOP) applies to sampled episodes only.
     """
     t0 = time.perf_counter()
     env.reset(options={"graph": graph})
@@ -112,6 +145,9 @@ def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache | Increm
         meta = observe(env, featurize)
         with torch.no_grad():
             dist, value = policy(meta)
+            masked = not greedy and stop_mask(meta, mask_stop)
+            if masked:
+                dist = masked_stop(dist, torch.tensor([True]))
             action = dist.mode() if greedy else dist.sample(generator)
             logp = dist.log_prob(action)
         _, reward, terminated, truncated, info = env.step(int(action))
@@ -126,6 +162,7 @@ def play_episode(env: Any, policy: GraphPolicy, featurize: FeatureCache | Increm
             record_to.values.append(float(value))
             record_to.rewards.append(reward)
             record_to.dones.append(float(done))
+            record_to.stop_masked.append(masked)
     return EpisodeRecord(env.graph.name, ret, env.step_count, env.speedup, best, list(env.rewrites),
                          uphill_paid_off(costs), time.perf_counter() - t0)
 
@@ -186,7 +223,7 @@ class Worker:
         for _ in range(self.spec.episodes_per_worker):
             name = names[int(rng.integers(len(names)))]
             rec = play_episode(self.env, self.policy, self.featurize, self._graph(name), greedy=False,
-                               generator=gen, record_to=out)
+                               generator=gen, record_to=out, mask_stop=self.spec.mask_stop)
             out.episodes.append(rec)
         out.cost_stats = {k: float(v) - float(before.get(k, 0.0)) for k, v in getattr(self.cost, "stats", {}).items()}
         return out

@@ -27,7 +27,7 @@ from xrl.rl.imitation import warm_start
 from xrl.rl.loop import Experience, RunState, TrainingTask, TrainSummary, run, seed_everything
 from xrl.rl.metrics import selection_key
 from xrl.rl.ppo import PPOConfig
-from xrl.rl.rollout import CollectorSpec, EpisodeRecord, RolloutCollector
+from xrl.rl.rollout import CollectorSpec, EpisodeRecord, RolloutCollector, check_mask_stop
 
 __all__ = ["RewriteTask", "TrainSummary", "check_settings", "init_weights", "policy_config", "train"]
 
@@ -70,7 +70,8 @@ class RewriteTask(TrainingTask):
         self.spec = CollectorSpec(graphs=self.train_graphs, policy=pcfg, env=env,
                                   cost=cost.get("name", "analytic"), device=cost.get("device", "h100"),
                                   episodes_per_worker=typed("episodes_per_worker", c.get("episodes_per_worker", 4), 0),
-                                  seed=seed, cache_size=typed("cache_size", c.get("cache_size", 4096), 0))
+                                  seed=seed, cache_size=typed("cache_size", c.get("cache_size", 4096), 0),
+                                  mask_stop=check_mask_stop(c.get("mask_stop") or "none"))
         self.workers = typed("workers", c.get("workers", 2), 0)
         self._collector: RolloutCollector | None = None  # started by the first collect or evaluate
 
