@@ -322,14 +322,14 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so if written
             note = {"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(prepassed),
                     "detail": "kept after all: the guard measured the pre-passes' result fastest"}
-        candidates = [c for c in ([exported_candidate("pre-pass", prepassed, merged, ref)] if prepassed is not base
-                                  else []) if c is not None]
-        if candidates:
-            candidates[0].note = note
-        candidates += [c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
-                       if c is not None]
-        candidates.insert(1 if candidates and candidates[0].label == "pre-pass" else 0,
-                          Candidate("search", best, written, exported, weights, list(outcome.steps)))
+        pre = [c for c in ([exported_candidate("pre-pass", prepassed, merged, ref)] if prepassed is not base
+                           else []) if c is not None]
+        for c in pre:
+            c.note = note
+        # the guard's order: the pre-passes' result, the search's, each peer's alone, the other searches'
+        candidates = [*pre, Candidate("search", best, written, exported, weights, list(outcome.steps)),
+                      *(c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
+                        if c is not None)]
         alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit, ref)
         if alternative is not None:
             alternative.steps = [*merged, *alternative.steps]
