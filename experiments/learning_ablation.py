@@ -15,8 +15,9 @@ gain left from there, in the env's reward unit: percent of the starting cost).
 Reported per budget: the geomean over graphs of the share of the reference gain (suite.gain_share, floored at
 0.01 for the geomean) and learning gain = trained / best non-learned prior (cost, uniform, untrained mean).
 
-    .venv/bin/python experiments/learning_ablation.py --policy xrl/policies/research.pt \
-        --graphs gen_branch_trap_0,gen_branch_trap_1,fam_repvgg_ts --seconds 10
+    .venv/bin/python experiments/learning_ablation.py --seconds 1 --calls 100 --seeds 0 --no-value   # quick check
+    .venv/bin/python experiments/learning_ablation.py --seconds 10 --calls 100,1000 --seeds 0,1,2 --wall-cap 20 \
+        --graphs gen_branch_trap_0,gen_branch_trap_1,gen_branch_trap_4,fam_repvgg_ts,fam_lora_vit_ts
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,14 @@ from xrl.search.greedy import greedy_search
 
 SECONDS = (1.0, 3.0, 10.0, 30.0)
 CALLS = (100, 1000)
+ROOT = Path(__file__).resolve().parents[1]
+WALL_CAP_S = 60.0  # a calls run's wall-clock cap (its clock is the call count)
+
+
+def default_policy() -> Path:
+    """The research policy (issue 32.5) where it has been shipped, else the default one."""
+    research = ROOT / "xrl" / "policies" / "research.pt"
+    return research if research.exists() else ROOT / "xrl" / "policies" / "default.pt"
 
 
 def at(trace: list[tuple[float, float]], budget: float) -> float:
@@ -97,12 +107,19 @@ def value_ev(net, graphs, refs, cost, eng) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default=None, help="trained checkpoint (default: the shipped default)")
+    ap.add_argument("--policy", default=None, help="trained checkpoint (default: xrl/policies/research.pt if it "
+                                                   "exists, else default.pt)")
     ap.add_argument("--graphs", default=None, help="held-out graphs (comma-separated; default: the whole split)")
     ap.add_argument("--seconds", type=float, default=10.0, help="the seconds run's budget (trace read at 1,3,10,30)")
+    ap.add_argument("--calls", default="100,1000", help="cost-model call budgets (the calls run: the largest)")
     ap.add_argument("--seeds", default="0,1,2", help="untrained networks' seeds")
-    ap.add_argument("--out", default="experiments/results/learning_ablation")
+    ap.add_argument("--wall-cap", type=float, default=WALL_CAP_S, help="seconds cap on each calls run (default 60)")
+    ap.add_argument("--no-value", action="store_true", help="skip the value head's explained variance")
+    ap.add_argument("--out", default="experiments/results/learning_ablation",
+                    help="folder for ablation.md, ablation.json and the anytime plot ablation.png")
     args = ap.parse_args(argv)
+    calls = tuple(int(c) for c in args.calls.split(","))
+    args.policy = args.policy or str(default_policy())
     torch.set_num_threads(1)
     cost, eng = suite.cost_model(), suite.engine()
     refs = suite.load_references()
@@ -121,21 +138,27 @@ def main(argv: list[str] | None = None) -> int:
         for pname, prior in priors.items():
             tr: list[tuple[float, float]] = []
             guided_search(prior, g, cost, engine=eng, time_limit=args.seconds, trace=tr, restarts=0)
-            budget = CallBudget(cost, max(CALLS))
+            budget = CallBudget(cost, max(calls))
             trc: list[tuple[float, float]] = []
-            guided_search(prior, g, budget.model, engine=eng, time_limit=float(max(CALLS)), trace=trc, restarts=0,
-                          timer=lambda b=budget: float(b.calls + b.refused))
-            trc = [(t, c) for t, c in trc if math.isfinite(c)]
+            w0 = time.perf_counter()
+
+            def by_calls(b: CallBudget = budget, w0: float = w0) -> float:
+                # the calls run's clock is the call count; past the wall cap it is over
+                return float(b.calls + b.refused) if time.perf_counter() - w0 < args.wall_cap else math.inf
+
+            guided_search(prior, g, budget.model, engine=eng, time_limit=float(max(calls)), trace=trc, restarts=0,
+                          timer=by_calls)
+            trc = [(t, c) for t, c in trc if math.isfinite(c) and math.isfinite(t)]
             for b in secs:
                 rows.append(dict(graph=name, prior=pname, budget=f"{b:g}s", x=b,
                                  share=suite.gain_share(ref, at(tr, b))))
-            for b in CALLS:
+            for b in calls:
                 rows.append(dict(graph=name, prior=pname, budget=f"{b} calls", x=b,
                                  share=suite.gain_share(ref, at(trc, b)), curve=None))
             rows[-1]["curve_s"], rows[-1]["curve_calls"] = tr, trc
             print(f"{name} {pname}: " + " ".join(f"{r['budget']} {r['share']:.3f}" for r in rows
                                                   if r["graph"] == name and r["prior"] == pname), flush=True)
-        for b in CALLS:
+        for b in calls:
             am = argmax_rollout(priors["trained"], g, cost, eng, b)
             gb = CallBudget(cost, b)
             gr = greedy_search(g, gb.model, eng)
@@ -143,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(dict(graph=name, prior="greedy", budget=f"{b} calls", x=b,
                              share=suite.gain_share(ref, cost.cost(gr.graph))))
             print(f"{name} @{b} calls: argmax {rows[-2]['share']:.3f} greedy {rows[-1]['share']:.3f}", flush=True)
-    ev, n_states = value_ev(net, graphs, refs, cost, eng)
+    ev, n_states = (math.nan, 0) if args.no_value else value_ev(net, graphs, refs, cost, eng)
 
-    budgets = [f"{b:g}s" for b in secs] + [f"{b} calls" for b in CALLS]
+    budgets = [f"{b:g}s" for b in secs] + [f"{b} calls" for b in calls]
     table = ["| budget | trained | cost | uniform | untrained (mean of seeds) | learning gain | argmax | greedy |",
              "|---|---|---|---|---|---|---|---|"]
     for b in budgets:
@@ -161,16 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(table)
     print(text)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    out = out / "ablation"
     out.with_suffix(".md").write_text(f"graphs: {', '.join(graphs)}; policy: {args.policy}; seconds run: "
                                       f"{args.seconds}; seeds {seeds}\n\n{text}\n")
     out.with_suffix(".json").write_text(json.dumps(dict(rows=[{k: v for k, v in r.items()} for r in rows],
                                                         value_ev=ev, n_states=n_states), default=str))
-    plot(rows, graphs, refs, out)
+    plot(rows, graphs, refs, out, args.seconds, max(calls))
     return 0
 
 
-def plot(rows: list[dict], graphs: dict, refs: dict, out: Path) -> None:
+def plot(rows: list[dict], graphs: dict, refs: dict, out: Path, seconds: float, calls: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +203,7 @@ def plot(rows: list[dict], graphs: dict, refs: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     priors = sorted({r["prior"] for r in rows if "curve_s" in r})
     for ax, key, label in ((axes[0], "curve_s", "seconds"), (axes[1], "curve_calls", "cost-model calls")):
-        grid = np.geomspace(0.05, 30, 60) if key == "curve_s" else np.geomspace(1, 1000, 60)
+        grid = np.geomspace(0.05, seconds, 60) if key == "curve_s" else np.geomspace(1, max(calls, 2), 60)
         for p in priors:
             curves = [(r["graph"], r[key]) for r in rows if r["prior"] == p and key in r]
             ys = [geomean([suite.gain_share(refs[gname], at(c, x)) for gname, c in curves]) for x in grid]
