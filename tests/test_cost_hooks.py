@@ -9,7 +9,7 @@ from xrl.search.registry import measured_screen
 
 
 def test_hooks_are_declared_on_the_base_class() -> None:
-    for hook in ("deadline", "target", "report", "per_op_estimate", "timing_device"):
+    for hook in ("deadline", "target", "local_costing", "report", "per_op_estimate", "timing_device"):
         assert hook in vars(CostModel), hook
 
 
@@ -27,3 +27,11 @@ def test_timing_device_picks_the_screen() -> None:
     assert ort.per_op_estimate() is None
     assert ort.timing_device() == "cpu"
     assert measured_screen(ort).device.name == "cpu"
+
+
+def test_local_costing_is_a_declared_flag() -> None:
+    from xrl.cost.kernel_measured import MeasuredKernelCostModel
+    from xrl.cost.targets import TargetCostModel
+
+    assert MeasuredKernelCostModel.local_costing and not TargetCostModel.local_costing
+    assert not AnalyticCostModel.local_costing

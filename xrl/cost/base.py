@@ -49,6 +49,9 @@ class CostModel(ABC):
     # the runtime whose kernels a target model costs (xrl.cost.targets sets it); None for the research
     # models, which cost the IR as it is
     target: Target | None = None
+    # True where the model re-costs a rewrite from the kernels near it (`plan_costs` once a step, then
+    # `local_cost` per candidate: xrl.cost.kernel_measured); greedy and the call budget read this flag
+    local_costing: bool = False
 
     def __init__(self) -> None:
         self._op_cache: dict[tuple, float] = {}

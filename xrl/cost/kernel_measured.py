@@ -175,6 +175,7 @@ class MeasuredKernelCostModel(TargetCostModel):
 
     name = "target"
     measured = False  # cached timings: the same graph costs the same on every call, no confirmation needed
+    local_costing = True  # plan_costs / local_cost: greedy re-costs only the kernels near a rewrite
 
     def __init__(self, *, device: str | None = None, target: str | None = None, threads: int | None = 1,
                  warmup: int = 2, repeats: int = 7, min_sample_s: float = 2e-4, cache_path: str | Path | None = None,

@@ -32,7 +32,7 @@ class CallBudget:
             return call
 
         self.model.cost, self.model.delta_cost = budgeted(cost), budgeted(delta)
-        if hasattr(inner, "local_cost"):  # greedy's local re-costing is a cost call too
+        if inner.local_costing:  # greedy's local re-costing is a cost call too
             self.model.local_cost = budgeted(inner.local_cost)
         # a search that would only spin on +inf answers asks this and stops (xrl.rl.guided's clock)
         self.model.budget_exhausted = lambda: self.exhausted

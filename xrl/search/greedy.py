@@ -67,7 +67,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     if screen is not None and (not screen.per_op or screen_top < 1):
         raise ValueError("a screen must be a per-op cost model, with screen_top >= 1")
     screening = screen is not None and cost_model.measured
-    local = (not cost_model.per_op and not cost_model.measured and hasattr(cost_model, "local_cost")
+    local = (not cost_model.per_op and not cost_model.measured and cost_model.local_costing
              and LOCAL_COSTING)
     engine = engine if engine is not None else RewriteEngine.default()
     t0 = time.perf_counter()
