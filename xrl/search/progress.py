@@ -39,7 +39,7 @@ class SearchProgress:
         self._last_draw = 0.0
         self._drawn = False
         # Only a cheap estimate is recomputed for the display; a measured model is not run for it.
-        self._base = None if getattr(cost, "measured", False) else _safe_cost(cost, original)
+        self._base = None if cost.measured else _safe_cost(cost, original)
 
     def __call__(self, graph: Graph) -> None:
         self.steps += 1
