@@ -1,11 +1,19 @@
-"""A large real model end to end (issue 35, item 4): a LLaMA-style decoder of about 1e9 parameters, built in code,
+"""issue 35 item 4: the 1e9-parameter LoRA decoder end to end
+
+A large real model end to end (issue 35, item 4): a LLaMA-style decoder of about 1e9 parameters, built in code,
 with unmerged PEFT LoRA adapters on every projection, exported by both torch exporters with external data, then
 `xrl optimize` with the CLI's defaults: wall time, peak memory (the largest process's RSS and the tree's PSS, per
 stage: `bench_memory.run_sampled`), and the measured speed-ups of xrl's file, the hand-merged limit and an A/A
 copy against the original (onnxruntime, one thread, alternating rounds: `xrl.cost.speedup`).
 
-    .venv/bin/python experiments/bench_large_decoder.py [--exporters ts,dynamo] [--layers 22] [--rounds 5]
-        [--timeout 1500] [--out experiments/results/large_decoder]
+    .venv/bin/python experiments/bench_large_decoder.py [--exporters ts,dynamo] [--size 1b] [--rounds 5]
+        [--timeout 1500] [--cache /tmp/xrl-large-cache] [--out experiments/results/large_decoder]
+
+The model is `xrl.graphs.families.llama_xl` (sizes tiny, small, half, 1b); its exports, its limit's and the peers'
+files (onnxslim, onnxscript's optimize_for_ort) are cached under --cache (outside the repository) by size and
+exporter. Each variant is timed against the original in a process of its own (alternating rounds with an A/A
+control, `xrl.cost.speedup.measure_speedup`), so the table's rows are each interleaved with the original, not
+with one another.
 
 Dimensions (TinyLlama-1.1B's body without its embedding and head): hidden 2048, 32 heads, 4 key/value heads,
 SwiGLU 5632, 22 layers, sequence 128: 0.97e9 parameters (3.9 GB float32) plus LoRA r 8 on q/k/v/o/gate/up/down.
@@ -21,35 +29,36 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
 
 EXPORT_CODE = """
-import sys, torch, onnx
+import sys
 from pathlib import Path
-from xrl.graphs.families import llama, lora
-from xrl.graphs.families.export import Spec, example_args, exporter_key
-exporter, out, layers, limit = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "limit"
-d = llama.Dims(hidden=2048, heads=32, kv_heads=4, ffn=5632, seq=128, layers=layers)
-torch.manual_seed(0)
-model = llama.LlamaModel(d, sdpa=True, interleaved=False).eval()
-lora.add_lora(model, 8, 0, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-if limit:
-    model = lora.merge_and_unload(model)
-model.eval()
-inputs = [Spec("hidden_states", (1, d.seq, d.hidden))]
-args = example_args(inputs)
-with torch.no_grad():
-    if exporter_key(exporter) == "ts":
-        torch.onnx.export(model, args, str(out), input_names=["hidden_states"], output_names=["last_hidden_state"],
-                          opset_version=17, do_constant_folding=True, dynamo=False)
-    else:
-        program = torch.onnx.export(model, args, input_names=["hidden_states"],
-                                    output_names=["last_hidden_state"], opset_version=18, dynamo=True)
-        program.save(str(out), external_data=True)
-print(sum(p.numel() for p in model.parameters()))
+from xrl.graphs.families import llama_xl
+exporter, out, size, merged = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "limit"
+model = llama_xl.build(size, seed=0, merged=merged)
+llama_xl.export_to(model, size, out, exporter)
+print(llama_xl.parameters(model))
+"""
+
+PEER_CODE = """
+import sys, onnx
+peer, src, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+if peer == "onnxslim":
+    import onnxslim
+    model = onnxslim.slim(src)
+    onnx.save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=dst.rsplit("/", 1)[-1] + ".data", size_threshold=1024)
+else:
+    import onnxscript.ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    model = ir.load(src)
+    model, stats = optimize_for_ort(model)
+    ir.save(model, dst, external_data=dst.rsplit("/", 1)[-1] + ".data")
 """
 
 SPEED_CODE = """
@@ -63,12 +72,34 @@ print(json.dumps({"speedup": m.speedup, "interval": m.interval, "control": m.con
 """
 
 
-def export(exporter: str, path: Path, layers: int, limit: bool, timeout: float) -> int:
-    """The model (or its hand-merged limit) exported in its own process; returns its parameter count."""
-    out = subprocess.run([sys.executable, "-c", EXPORT_CODE, exporter, str(path), str(layers),
-                          "limit" if limit else "adapters"], capture_output=True, text=True, timeout=timeout,
-                         check=True)
-    return int(out.stdout.split()[-1])
+def export(exporter: str, path: Path, size: str, limit: bool, timeout: float) -> int:
+    """The model (or its hand-merged limit) exported in its own process, once (cached by path); returns its
+    parameter count."""
+    count = path.with_suffix(".params")
+    if not (path.exists() and count.exists()):
+        out = subprocess.run([sys.executable, "-c", EXPORT_CODE, exporter, str(path), size,
+                              "limit" if limit else "adapters"], capture_output=True, text=True, timeout=timeout,
+                             check=True)
+        count.write_text(out.stdout.split()[-1])
+    return int(count.read_text())
+
+
+def peer(name: str, src: Path, dst: Path, timeout: float) -> str | None:
+    """A peer's file (cached); None when written, else the peer's one-line error."""
+    if dst.exists():
+        return None
+    out = subprocess.run([sys.executable, "-c", PEER_CODE, name, str(src), str(dst)], capture_output=True,
+                         text=True, timeout=timeout)
+    return None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["failed"])[-1][:200]
+
+
+def report_json(text: str) -> dict:
+    """xrl's --json report from the end of its output ({} when there is none)."""
+    start = text.rfind("\n{")
+    try:
+        return json.loads(text[start + 1 if start >= 0 else 0:])
+    except ValueError:
+        return {}
 
 
 def speedup(original: Path, other: Path, rounds: int, timeout: float) -> dict:
@@ -84,37 +115,72 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exporters", default="ts,dynamo")
-    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--size", default="1b", help="llama_xl's size: tiny, small, half, 1b")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=1500.0)
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "xrl-large-cache")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "large_decoder")
     args = ap.parse_args(argv)
-    rows = []
+    rows, lines = [], []
     for exporter in args.exporters.split(","):
-        with tempfile.TemporaryDirectory(prefix=f"xrl-large-{exporter}-") as tmp:
-            folder = Path(tmp)
-            original, limit, written = folder / "original.onnx", folder / "limit" / "limit.onnx", folder / "xrl.onnx"
-            limit.parent.mkdir()
-            params = export(exporter, original, args.layers, False, args.timeout)
-            export(exporter, limit, args.layers, True, args.timeout)
-            weights = bm.weight_bytes_of(str(original), "file")
-            phases: list = []
-            code, peak_rss, single, wall, tail, pss = bm.run_sampled(
-                bm.optimize_cmd(str(original), written, None), env=bm.user_env(), timeout=args.timeout,
-                cwd=str(folder), phases=phases)
-            row = {"exporter": exporter, "params": params, "weight_bytes": weights, "exit": code, "wall_s": wall,
-                   "peak_tree_pss": pss, "peak_single_rss": single, "pss_over_weights": pss / weights,
-                   "single_over_weights": single / weights, "tail": tail,
-                   "phases": [vars(p) for p in phases]}
-            if code == 0:
-                row["xrl"] = speedup(original, written, args.rounds, args.timeout)
-                row["limit"] = speedup(original, limit, args.rounds, args.timeout)
-                gain = row["limit"]["speedup"] - 1
-                row["share_of_limit_gain"] = (row["xrl"]["speedup"] - 1) / gain if gain > 0 else None
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        folder = args.cache / f"{args.size}-{exporter}"
+        folder.mkdir(parents=True, exist_ok=True)
+        original, limit, written = folder / "original.onnx", folder / "limit" / "limit.onnx", folder / "xrl.onnx"
+        started = time.perf_counter()
+        params = export(exporter, original, args.size, False, args.timeout)
+        export(exporter, limit, args.size, True, args.timeout)
+        export_s = time.perf_counter() - started
+        weights = bm.weight_bytes_of(str(original), "file")
+        variants = {"A/A": original, "limit": limit}
+        for name in ("onnxslim", "onnxscript"):
+            dst = folder / name / f"{name}.onnx"
+            dst.parent.mkdir(exist_ok=True)
+            err = peer(name, original, dst, args.timeout)
+            variants[name] = dst if err is None else err
+        phases: list = []
+        code, _, single, wall, tail, pss = bm.run_sampled(
+            bm.optimize_cmd(str(original), written, None), env=bm.user_env(), timeout=args.timeout,
+            cwd=str(folder), phases=phases)
+        report = report_json(tail)
+        row = {"exporter": exporter, "size": args.size, "params": params, "weight_bytes": weights,
+               "export_s": export_s, "exit": code, "wall_s": wall, "peak_tree_pss": pss, "peak_single_rss": single,
+               "pss_over_weights": pss / weights, "single_over_weights": single / weights, "tail": tail[-2000:],
+               "stage_seconds": report.get("stage_seconds"),
+               "prepasses": [{k: p.get(k) for k in ("name", "applied", "timed_out", "detail")}
+                             for p in report.get("prepasses", [])],
+               "phases": [vars(p) for p in phases], "speedups": {}}
+        if code == 0:
+            variants["xrl"] = written
+        for name, path in variants.items():
+            if isinstance(path, Path):
+                try:
+                    row["speedups"][name] = speedup(original, path, args.rounds, args.timeout)
+                except (subprocess.SubprocessError, ValueError) as exc:
+                    row["speedups"][name] = {"error": str(exc)[:200]}
+            else:
+                row["speedups"][name] = {"error": path}
+        gain = row["speedups"]["limit"].get("speedup", 1.0) - 1
+        if "speedup" in row["speedups"].get("xrl", {}) and gain > 0:
+            row["share_of_limit_gain"] = (row["speedups"]["xrl"]["speedup"] - 1) / gain
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        lines.append(f"### {args.size} ({params / 1e9:.2f}e9 parameters, {weights / 2**30:.2f} GiB), {exporter}\n")
+        lines.append("| variant | speed-up [95% interval] |\n|---|---|")
+        lines.append("| original | 1 |")
+        for name, m in row["speedups"].items():
+            cell = (f"{m['speedup']:.3f}x [{m['interval'][0]:.3f}-{m['interval'][1]:.3f}]" if "speedup" in m
+                    else f"failed: {m['error']}")
+            lines.append(f"| {name} | {cell} |")
+        lines.append(f"\nxrl: exit {code}, {wall:.0f} s wall (export {export_s:.0f} s), peak largest-process RSS "
+                     f"{single / weights:.2f}x and tree PSS {pss / weights:.2f}x the weights; share of the limit's "
+                     f"gain {row.get('share_of_limit_gain')}; stage seconds {row['stage_seconds']}; pre-passes "
+                     + "; ".join(f"{p['name']}: {'timed out' if p['timed_out'] else 'done'}" for p in row["prepasses"])
+                     + "\n")
+    table = "\n".join(lines)
+    print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "large_decoder.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / f"large_decoder_{args.size}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / f"large_decoder_{args.size}.md").write_text(table + "\n")
     return 0 if all(r["exit"] == 0 for r in rows) else 1
 
 
