@@ -185,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    policy = Path(args.policy).resolve()
+    shown = policy.relative_to(ROOT) if policy.is_relative_to(ROOT) else policy  # the repository's path where it is
     out = out / "ablation"
-    out.with_suffix(".md").write_text(f"graphs: {', '.join(graphs)}; policy: {args.policy}; seconds run: "
+    out.with_suffix(".md").write_text(f"graphs: {', '.join(graphs)}; policy: {shown}; seconds run: "
                                       f"{args.seconds}; seeds {seeds}\n\n{text}\n")
     out.with_suffix(".json").write_text(json.dumps(dict(rows=[{k: v for k, v in r.items()} for r in rows],
                                                         value_ev=ev, n_states=n_states), default=str))
