@@ -204,7 +204,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from xrl.env import resolve_graph
     from xrl.rewrite import RewriteEngine
     from xrl.rl.checkpoint import default_policy_path, load_policy
-    from xrl.rl.evaluate import guided_baselines, optimize_with_policy, random_rollouts
+    from xrl.rl.evaluate import optimize_with_policy, random_rollouts
+    from xrl.rl.guided import guided_baselines
     from xrl.search.rl_search import candidate_cap
 
     if args.env == "pass_ordering":

@@ -138,19 +138,6 @@ def random_rollouts(graph: Graph, cost_model: CostModel, *, engine: Any = None, 
     return _summarise(trajs, env.cost0, t0)
 
 
-def guided_baselines(policy: GraphPolicy, graph: Graph, cost_model: CostModel, *, engine: Any = None,
-                     horizon: int = 50, max_candidates: int | None = None, time_limit: float = 5.0
-                     ) -> dict[str, PolicyRun]:
-    """What the policy's argmax is compared with in `xrl eval --baselines`: the same guided search
-    (xrl.rl.guided, run to `time_limit`) under the cost prior (no learning) and under the policy itself."""
-    from xrl.rl.guided import guided_search
-    from xrl.rl.priors import CostPrior, PolicyPrior
-
-    return {name: guided_search(prior, graph, cost_model, engine=engine, horizon=horizon,
-                                max_candidates=max_candidates, time_limit=time_limit)
-            for name, prior in (("cost_prior", CostPrior()), ("guided", PolicyPrior(policy)))}
-
-
 def describe_steps(steps: list[str]) -> dict[str, int]:
     """Rewrites by rule, most used first."""
     counts: dict[str, int] = {}
@@ -159,4 +146,4 @@ def describe_steps(steps: list[str]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-__all__ = ["PolicyRun", "describe_steps", "guided_baselines", "make_env", "optimize_with_policy", "random_rollouts"]
+__all__ = ["PolicyRun", "describe_steps", "make_env", "optimize_with_policy", "random_rollouts"]

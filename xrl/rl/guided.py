@@ -430,5 +430,17 @@ def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock,
     return scored
 
 
+def guided_baselines(policy: Any, graph: Graph, cost_model: CostModel, *, engine: Any = None,
+                     horizon: int = 50, max_candidates: int | None = None, time_limit: float = 5.0
+                     ) -> dict[str, PolicyRun]:
+    """What the policy's argmax is compared with in `xrl eval --baselines`: the same guided search
+    (run to `time_limit`) under the cost prior (no learning) and under the policy itself."""
+    from xrl.rl.priors import CostPrior
+
+    return {name: guided_search(prior, graph, cost_model, engine=engine, horizon=horizon,
+                                max_candidates=max_candidates, time_limit=time_limit)
+            for name, prior in (("cost_prior", CostPrior()), ("guided", PolicyPrior(policy)))}
+
+
 __all__ = ["ALPHA", "ANCHOR_EARN", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "MEMO_STATES", "PATIENCE", "WIDTH",
-           "MemoEngine", "RESTARTS", "as_prior", "guided_search", "memo_engine"]
+           "MemoEngine", "RESTARTS", "as_prior", "guided_baselines", "guided_search", "memo_engine"]
