@@ -63,6 +63,8 @@ class RewriteTask(TrainingTask):
         typed("updates", c["updates"], 0)  # the loop reads it; a bad value is refused before any work
         self.ppo = take(PPOConfig, c["algo"], "algo", ignore=("name",))
         pcfg = policy_config(c["model"])
+        if c.get("init_from"):  # fine-tuning keeps the starting network's scoring: plain policies stay plain
+            pcfg = starting_scoring(pcfg, c["init_from"])
         self.train_graphs, self.val_graphs, self.eval_graphs = graph_split(c["graphs"])
         cost = c.get("cost", {})
         # The env's rule set is the run's `rules` (xrl.rewrite.rules.load_rules(rule_set=...)): all, elementary, ...
@@ -175,6 +177,18 @@ def graph_split(graphs: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, 
         raise ConfigError(f"graphs.val and graphs.train share {sorted(set(val_graphs) & set(train_graphs))}: "
                           "a checkpoint is chosen on graphs it was not trained on")
     return train_graphs, val_graphs, eval_graphs
+
+
+def starting_scoring(pcfg: PolicyConfig, source: str) -> PolicyConfig:
+    """`pcfg` with the residual cost prior set as in policy file `source` (conf/model's default is residual, the
+    shipped default.pt/expert.pt are plain: init_from=default must fine-tune the plain network it names)."""
+    from xrl.rl.checkpoint import default_policy_path
+
+    path = default_policy_path() if source == "default" else Path(source)
+    if not path.exists():
+        return pcfg  # init_weights names the missing file
+    theirs = PolicyConfig.from_dict(load_checkpoint(path)["policy_config"])
+    return dataclasses.replace(pcfg, residual_prior=theirs.residual_prior, prior_temperature=theirs.prior_temperature)
 
 
 def init_weights(policy: GraphPolicy, pcfg: PolicyConfig, source: str) -> None:
