@@ -16,11 +16,13 @@ from typing import Any
 
 import onnx
 
-from xrl.cost import cost_model_options, get_cost_model
 from xrl.cost.base import CostModel
-from xrl.deploy.candidates import Candidate
+from xrl.deploy.candidates import Candidate, roofline_alternative, roofline_label
 from xrl.deploy.candidates import chosen as chosen_candidate
 from xrl.deploy.candidates import exported as exported_candidate
+
+# GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
+from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
 from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
@@ -150,21 +152,6 @@ def as_loaded(model: str | LoadedModel | onnx.ModelProto | Graph, *, input_shape
                    f"not {type(model).__name__}")
 
 
-MEASURE_ENGINES = ("auto", "ort", "torch")
-
-
-def measure_model(engine: str = "auto", device: str | None = None, *, repeats: int = 10, warmup: int = 3,
-                  threads: int | None = 1) -> CostModel:
-    """The end-to-end timer `optimize(measure=...)` uses. `device` is "cpu" or "cuda"; anything else
-    (a device profile of the analytic model, None) means the device this machine has."""
-    from xrl.cost.e2e import E2ECostModel
-
-    if engine not in MEASURE_ENGINES:
-        raise XrlError(f"unknown measurement engine {engine!r}; choose one of {', '.join(MEASURE_ENGINES)}")
-    where = device if device in ("cpu", "cuda") else "auto"
-    return E2ECostModel(device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads, cache=False)
-
-
 @with_rule_set  # `rules` names the rule set every search and exact merge of the call loads (xrl.rewrite.rules)
 def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str | Path | None = None,
              search: str = "greedy",
@@ -207,7 +194,6 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     from xrl.options import check_optimize_options
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
-    from xrl.cost import get_target
     from xrl.frontends.onnx_io import from_onnx, initializer_bytes, save_onnx, split_model, to_onnx, trim_heap
     from xrl.frontends.verify import compare_models, reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
@@ -224,13 +210,9 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
     loaded = as_loaded(model, input_shapes=input_shapes, seed=seed)
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
-    # the per-op analytic model is the research setting's cost: asked for by name, it means that target
-    tgt = get_target("paper" if target is None and cost == "analytic" else target, device)
-    # device None from a user means this machine (the factory's None is each backend's own default)
-    cost_options = dict(cost_options or {})
-    if "threads" in cost_model_options(cost, device=device or "auto", target=tgt.name):
-        cost_options.setdefault("threads", threads)
-    cost_model = get_cost_model(cost, device=device or "auto", target=tgt.name, **cost_options)
+    dep = deployment(cost, device=device, target=target, threads=threads, cost_options=cost_options, guard=guard,
+                     measure_options=measure_options)
+    tgt, cost_model, guarded = dep.target, dep.cost_model, dep.guarded
     original_cost = cost_model.cost(loaded.graph)
     done("deployment")
     t0 = time.perf_counter()
@@ -243,7 +225,6 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     original_head, original_weights = split_model(original, like=loaded.graph.initializers)
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
-    guarded = _guard_on(guard, tgt, device)
     peers_wanted = prepass is None and guarded and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES
     base, merged, start, reports, peers = _starts(loaded.graph, original, tgt.prepasses if prepass is None
                                                   else tuple(prepass), peers_wanted, input_shapes, budget)
@@ -269,8 +250,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     # The estimate proposes the pre-passes' result as the start; the machine decides. Where it measures slower
     # than what they were given (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the
     # search runs without them too, and the guard times both results.
-    pre_slower = (_measured_slower(start, base, measure_model("ort", tgt.provider, threads=threads,
-                                                              **PRE_CHECK_TIMING), PRE_CHECK_ROUNDS)
+    pre_slower = (_measured_slower(start, base, dep.provider_timer(**PRE_CHECK_TIMING), PRE_CHECK_ROUNDS)
                   if guarded and start is not base else None)
     if time_limit is not None and time_limit != float("inf"):
         time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
@@ -330,13 +310,13 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         candidates = [*pre, Candidate("search", best, written, exported, weights, list(outcome.steps)),
                       *(c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
                         if c is not None)]
-        alternative = _roofline_alternative(search, start, cost_model, tgt, device, seed, steps, time_limit, ref)
+        alternative = roofline_alternative(search, start, dep, seed=seed, steps=steps, time_limit=time_limit, ref=ref)
         if alternative is not None:
             alternative.steps = [*merged, *alternative.steps]
             searched_too.append(alternative)
         candidates += searched_too
         done("candidates")
-        timer = _guard_timer(tgt, threads, measure_options)
+        timer = dep.guard_timer()
         opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
                 **dict(guard_options or {})}
         g = measure_guard(timer, loaded.graph, [c.guard() for c in candidates], **opts)
@@ -372,7 +352,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     elif measure is not None:
         from xrl.cost.speedup import measure_speedup
 
-        timer = measure_model(measure, device, **{"threads": threads, **dict(measure_options or {})})
+        timer = dep.measure_timer(measure)
         # the file as written against the original, with an A/A control of the original in every round
         measured = measure_speedup(timer, loaded.graph, written, rounds=measure_rounds, control=True,
                                    max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS)).to_json()
@@ -396,7 +376,6 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
 
-GUARD_ENV = "XRL_GUARD"
 SEARCH_WITHOUT_PREPASSES = "search without the pre-passes"  # the guard's label for it (where they measure slower)
 # pre-passes run alone, beside the target's chain, for the guard to time: onnxscript, which the chain leaves
 # out, and each of the chain's own (the chain can measure slower than one of its passes alone, as on
@@ -406,29 +385,7 @@ GUARD_PEER_PASSES = ("onnxslim", "ort-transformers", "onnxscript")
 GUARD_PEER_MAX_BYTES = 1 << 30
 
 
-def roofline_label(search: str) -> str:
-    """The guard's label for a search's result under the roofline (`_roofline_alternative`)."""
-    return f"{search} under the roofline"
-
-
 ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
-
-
-def _roofline_alternative(search: str, start: Graph, cost_model: CostModel, tgt: Any, device: str | None, seed: int,
-                          steps: int | None, time_limit: float | None, ref: Any) -> Any:
-    """A second candidate for the guard when a search registered with `roofline_alternative` (greedy, the
-    default) ran under measured kernel costs: the same search under the same kernels' roofline. Neither
-    estimate ranks every rewrite as the machine does
-    (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
-    some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
-    Returns the verified candidate (its rewrites from `start`), or None."""
-    from xrl.cost.kernel_measured import MeasuredKernelCostModel
-
-    if not get_search(search).roofline_alternative or not isinstance(cost_model, MeasuredKernelCostModel):
-        return None
-    roofline = get_cost_model("roofline", device=device or "auto", target=tgt.name)
-    outcome = run_search(search, start, roofline, seed=seed, steps=steps, time_limit=time_limit, options={})
-    return exported_candidate(roofline_label(search), outcome.graph.validate(), list(outcome.steps), ref)
 
 
 def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[str], peers_wanted: bool,
@@ -470,12 +427,6 @@ def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[st
     return base, merged, start, reports, peers
 
 
-def _guard_timer(tgt: Any, threads: int | None, measure_options: Mapping[str, Any] | None) -> CostModel:
-    """The end-to-end timer of the guard: onnxruntime on the target's provider, at the deployment's threads."""
-    return measure_model("ort", tgt.provider, **{"repeats": 5, "warmup": 2, "threads": threads,
-                                                  **dict(measure_options or {})})
-
-
 # The check of the pre-passes' result before the search is coarse, so it is cheap: it looks for a slowdown
 # well beyond the noise (lora_vit's 0.90x), where the guard resolves 1.5%. With the guard's own timing it took
 # 39 s of a 171 s run on bert (150 ms a run).
@@ -490,22 +441,6 @@ def _measured_slower(graph: Graph, original: Graph, timer: CostModel, rounds: in
     g = measure_guard(timer, original, [GuardCandidate("it", graph)], rounds=rounds, max_rounds=rounds)
     m = g.measured.get("it")  # absent where the graph is the original's computation (nothing to time)
     return m.speedup if m is not None and m.verdict == "slower" else None
-
-
-def _guard_on(guard: bool | None, tgt: Any, device: str | None) -> bool:
-    """The guard runs for onnxruntime targets whose runtime is on this machine (an estimate for another
-    device's profile cannot be measured here); `guard` False, or $XRL_GUARD=0, turns it off."""
-    import os
-
-    if guard is None:
-        guard = os.environ.get(GUARD_ENV, "1") not in ("0", "off", "false", "no")
-    if not guard or tgt.runtime != "onnxruntime":
-        return False
-    if tgt.provider == "cpu":
-        return True
-    from xrl.cost import target_timing
-
-    return target_timing(device, tgt.name) == "measured"
 
 
 def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],

@@ -8,12 +8,15 @@ dispatches on its label.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from xrl.cost.guard import GuardCandidate
 from xrl.ir import Graph
+
+if TYPE_CHECKING:
+    from xrl.deploy.deployment import Deployment
 
 
 @dataclass
@@ -51,3 +54,26 @@ def exported(label: str, graph: Graph, steps: list[Any], ref: Any = None, *, hea
 def chosen(candidates: list[Candidate], label: str) -> Candidate | None:
     """The candidate the guard chose by its label; None: the original."""
     return next((c for c in candidates if c.label == label), None)
+
+
+def roofline_label(search: str) -> str:
+    """The guard's label for a search's result under the roofline (`roofline_alternative`)."""
+    return f"{search} under the roofline"
+
+
+def roofline_alternative(search: str, start: Graph, deployment: Deployment, *, seed: int, steps: int | None,
+                         time_limit: float | None, ref: Any) -> Candidate | None:
+    """A second candidate for the guard when a search registered with `roofline_alternative` (greedy, the
+    default) ran under measured kernel costs: the same search under the same kernels' roofline. Neither
+    estimate ranks every rewrite as the machine does
+    (experiments/measured_tables.py: on the headroom suite each cost's greedy is measured ahead on
+    some graphs), and greedy is cheap, so the guard times both results and keeps the faster.
+    Returns the verified candidate (its rewrites from `start`), or None."""
+    from xrl.cost.kernel_measured import MeasuredKernelCostModel
+    from xrl.search.registry import get_search, run_search
+
+    if not get_search(search).roofline_alternative or not isinstance(deployment.cost_model, MeasuredKernelCostModel):
+        return None
+    outcome = run_search(search, start, deployment.cost_of("roofline"), seed=seed, steps=steps,
+                         time_limit=time_limit, options={})
+    return exported(roofline_label(search), outcome.graph.validate(), list(outcome.steps), ref)
