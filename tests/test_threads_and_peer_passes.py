@@ -12,6 +12,7 @@ from cli_helpers import run
 from onnx import TensorProto, helper, numpy_helper
 
 from xrl import api
+from xrl.deploy import starts
 from xrl.errors import ConfigError
 
 # the pre-passes get a quarter of it, each peer pass its own quarter: with 10 s, onnxscript's pass (a child
@@ -82,7 +83,7 @@ def test_the_guard_times_onnxscripts_fusions_beside_the_target_pre_passes(measur
         return guard.GuardResult(chosen_label, "forced by the test", res.measured, res.rounds, res.time_s)
 
     monkeypatch.setattr(guard, "measure_guard", prefer_onnxscript)
-    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: None)
+    monkeypatch.setattr(starts, "measured_slower", lambda graph, original, timer, rounds: None)
     out = tmp_path / "fused.onnx"
     res = api.optimize(str(src), output=out, time_limit=TIME_LIMIT)
     assert res.guard["chosen"] == chosen_label and res.verified
@@ -112,8 +113,8 @@ def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(me
     import xrl.cost.guard as guard
 
     src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
-    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: 0.9)
-    monkeypatch.setattr(api, "GUARD_PEER_PASSES", ())  # onnxslim alone writes what the search does here
+    monkeypatch.setattr(starts, "measured_slower", lambda graph, original, timer, rounds: 0.9)
+    monkeypatch.setattr(starts, "GUARD_PEER_PASSES", ())  # onnxslim alone writes what the search does here
     real = guard.measure_guard
 
     def prefer_it(timer, original, candidates, **kw):  # noqa: ANN001 - the guard's own signature
@@ -134,7 +135,7 @@ def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(me
 def test_where_the_pre_passes_do_not_measure_slower_one_search_runs(measured_defaults, tmp_path: Path,
                                                                    monkeypatch) -> None:
     src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
-    monkeypatch.setattr(api, "_measured_slower", lambda graph, original, timer, rounds: None)
+    monkeypatch.setattr(starts, "measured_slower", lambda graph, original, timer, rounds: None)
     res = api.optimize(str(src), time_limit=TIME_LIMIT)
     assert api.SEARCH_WITHOUT_PREPASSES not in res.guard["candidates"]
 
@@ -149,7 +150,7 @@ def test_a_start_identical_to_the_original_is_not_measured_slower() -> None:
             raise AssertionError("nothing to time")
 
     g = api.as_loaded("mlp").graph
-    assert api._measured_slower(g, g, Untimed(), rounds=3) is None
+    assert starts.measured_slower(g, g, Untimed(), rounds=3) is None
 
 
 def test_adapters_are_merged_before_the_pre_passes_and_counted_as_rewrites(tmp_path: Path) -> None:

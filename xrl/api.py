@@ -16,13 +16,13 @@ from typing import Any
 
 import onnx
 
-from xrl.cost.base import CostModel
 from xrl.deploy.candidates import Candidate, roofline_alternative, roofline_label
 from xrl.deploy.candidates import chosen as chosen_candidate
 from xrl.deploy.candidates import exported as exported_candidate
 
 # GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
 from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
+from xrl.deploy.starts import starts
 from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
@@ -35,9 +35,6 @@ from xrl.search.result import SearchResult
 __all__ = ["OptimizeResult", "as_loaded", "check_output_path", "check_search_options", "measure_model", "optimize",
            "register_search", "run_search"]
 
-# The pre-passes' result is dropped when its estimate is this much above the original's
-PREPASS_TOLERANCE = 0.01
-PREPASS_SHARE = 0.25  # of the time limit (or the default one), for the pre-passes
 # --measure: alternating rounds are added up to this many while the speed-up's interval is wider than +-1.5%
 MEASURE_MAX_ROUNDS = 20
 
@@ -169,9 +166,9 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     The pipeline: the target's pre-passes (`prepass`, None: the target's own; () for none) run on
     the model, xrl's search runs from their result under `cost` ("target": the estimate of the
     kernels the target's runtime runs), and the written file is what is reported: its node count,
-    and its cost as re-imported from the exported ONNX. If the pre-passes' result is estimated
-    more than PREPASS_TOLERANCE slower than the original, or fails verification, the search starts
-    from the original instead.
+    and its cost as re-imported from the exported ONNX. If the pre-passes' result is estimated more
+    than `xrl.deploy.starts.PREPASS_TOLERANCE` slower than the original, or fails verification, the
+    search starts from the original instead.
 
     With `measure` (an e2e engine: "auto", "ort" or "torch"), the original and the optimised graph
     are also timed end to end on this machine, in alternating rounds (`xrl.cost.speedup`), and the
@@ -194,8 +191,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     from xrl.options import check_optimize_options
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
-    from xrl.frontends.onnx_io import from_onnx, initializer_bytes, save_onnx, split_model, to_onnx, trim_heap
-    from xrl.frontends.verify import compare_models, reference_run
+    from xrl.frontends.onnx_io import from_onnx, save_onnx, split_model, to_onnx
+    from xrl.frontends.verify import compare_models
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
     check_search_options(search, prepass, target, cost)
@@ -216,42 +213,12 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     original_cost = cost_model.cost(loaded.graph)
     done("deployment")
     t0 = time.perf_counter()
-    # Memory: the original's model is a second copy of every weight beside the IR. It is taken once, for
-    # its outputs on the verification inputs (every candidate is compared with these) and for the
-    # pre-passes, and dropped before the search; it is read again only if the guard writes it.
-    original = loaded.take_reference()
-    original_nodes = len(original.graph.node)
-    # the original as a head and its weights: each weight whose bytes equal the IR's is the IR's array
-    original_head, original_weights = split_model(original, like=loaded.graph.initializers)
-    # the pre-passes share the time limit: a quarter of it, the rest is the search's
-    budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
-    peers_wanted = prepass is None and guarded and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES
-    base, merged, start, reports, peers = _starts(loaded.graph, original, tgt.prepasses if prepass is None
-                                                  else tuple(prepass), peers_wanted, input_shapes, budget)
-    del original
-    trim_heap()
-    # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
-    # no second copy of them held while its session runs
-    ref = reference_run(original_head, like=loaded.graph, seed=seed, trials=verify_trials, external=original_weights)
-    # kept (a small head) where its weights are the IR's arrays, so the guard can write the original without
-    # reading or building it again (building a model holds its weights several times over); weights the
-    # import changed are copies, and past a tenth of the weights the original is read again instead
-    copied = sum(a.nbytes for k, a in original_weights.items() if a is not loaded.graph.initializers.get(k))
-    if copied > 0.1 * sum(a.nbytes for a in original_weights.values()):
-        original_head = original_weights = None
-    # The guard times the pre-passes' result even where the estimate drops it: the estimate proposes, the
-    # measurement decides (the transformers optimizer's Attention, priced by its kernel alone, can read slower)
-    prepassed = start
-    # within the estimate's resolution (a bias read as a Gemm input or an Add's) the peers' form is kept
-    if start is not base and cost_model.cost(start) > cost_model.cost(base) * (1 + PREPASS_TOLERANCE):
-        reports.append({"name": "(all)", "applied": False,
-                        "detail": "dropped: estimated slower than what they were given"})
-        start = base
-    # The estimate proposes the pre-passes' result as the start; the machine decides. Where it measures slower
-    # than what they were given (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the
-    # search runs without them too, and the guard times both results.
-    pre_slower = (_measured_slower(start, base, dep.provider_timer(**PRE_CHECK_TIMING), PRE_CHECK_ROUNDS)
-                  if guarded and start is not base else None)
+    st = starts(loaded, dep, tgt.prepasses if prepass is None else tuple(prepass), peers_wanted=prepass is None,
+                input_shapes=input_shapes, time_limit=time_limit, seed=seed, verify_trials=verify_trials)
+    base, merged, start, prepassed, reports, peers, ref = (st.base, st.merged, st.start, st.prepassed, st.reports,
+                                                           st.peers, st.ref)
+    original_nodes, original_head, original_weights, pre_slower = (st.original_nodes, st.original_head,
+                                                                   st.original_weights, st.pre_slower)
     if time_limit is not None and time_limit != float("inf"):
         time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
     # kernels not yet timed when the search's time is up: the scaled roofline (estimates ignore it)
@@ -377,88 +344,4 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
 
 SEARCH_WITHOUT_PREPASSES = "search without the pre-passes"  # the guard's label for it (where they measure slower)
-# pre-passes run alone, beside the target's chain, for the guard to time: onnxscript, which the chain leaves
-# out, and each of the chain's own (the chain can measure slower than one of its passes alone, as on
-# nn.MultiheadAttention's causal export on one thread: onnxslim alone 1.02x, the chain 0.97x)
-GUARD_PEER_PASSES = ("onnxslim", "ort-transformers", "onnxscript")
-# ... on models up to this many bytes of weights: each result held until the guard is another copy of them
-GUARD_PEER_MAX_BYTES = 1 << 30
-
-
 ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
-
-
-def _starts(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[str], peers_wanted: bool,
-            input_shapes: Mapping[str, Sequence[int]] | None, budget: float) -> tuple:
-    """Where the searches start, and the guard's peer candidates: (base, merged, start, reports, peers).
-
-    Exact merges that only remove work (LoRA adapters into their layers' weights) come before the pre-passes,
-    whose fusions match the merged model's plain MatMul+Add form (`xrl.search.exact_first`): `base` is the
-    original with its adapters merged (`merged`: those rewrites), or the original. `start` is `base` after the
-    target's chain of pre-passes. With `peers_wanted`, the peers' passes each run alone too (onnxscript's,
-    which the chain leaves out, and each of the chain's): `peers` are their results, (label, graph), which the
-    guard times beside the others, so what is written is never behind a peer the measurement prefers
-    (onnxscript's fused attention pays on all threads and not on one)."""
-    from xrl.frontends.onnx_io import to_onnx
-
-    base, source, merged = original_graph, original, []
-    reports: list[dict[str, Any]] = []
-    if chain:
-        from xrl.search.exact_first import merge_first
-
-        first = merge_first(original_graph)
-        if first.steps:
-            base, merged = first.graph.validate(), list(first.steps)
-            source = to_onnx(base)
-            reports.append({"name": "exact merges", "applied": True, "nodes_before": len(original_graph),
-                            "nodes_after": len(base), "detail": f"{len(merged)} low-rank adapters merged into their "
-                            f"layers' weights before the pre-passes"})
-    start, chain_reports = _prepassed(base, source, chain, input_shapes, budget)
-    reports += chain_reports
-    peers: list[tuple[str, Graph]] = []
-    # where a pass was the only one of the chain to change anything, the chain's result is its result alone
-    changed = {r["name"] for r in chain_reports if r["applied"]}
-    for name in (p for p in GUARD_PEER_PASSES if not (changed <= {p} and p in chain)) if peers_wanted else ():
-        peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
-        reports += [{**r, "detail": "; ".join(d for d in (r["detail"], "a candidate the guard times (not searched "
-                                                            "from)") if d)} for r in peer_reports]
-        if peer is not base:
-            peers.append((f"pre-pass {name}", peer))
-    return base, merged, start, reports, peers
-
-
-# The check of the pre-passes' result before the search is coarse, so it is cheap: it looks for a slowdown
-# well beyond the noise (lora_vit's 0.90x), where the guard resolves 1.5%. With the guard's own timing it took
-# 39 s of a 171 s run on bert (150 ms a run).
-PRE_CHECK_TIMING = {"repeats": 3, "warmup": 1}
-PRE_CHECK_ROUNDS = 4
-
-
-def _measured_slower(graph: Graph, original: Graph, timer: CostModel, rounds: int) -> float | None:
-    """`graph`'s measured speed-up over `original` where it measures slower (beyond the A/A noise), else None."""
-    from xrl.cost.guard import GuardCandidate, measure_guard
-
-    g = measure_guard(timer, original, [GuardCandidate("it", graph)], rounds=rounds, max_rounds=rounds)
-    m = g.measured.get("it")  # absent where the graph is the original's computation (nothing to time)
-    return m.speedup if m is not None and m.verdict == "slower" else None
-
-
-def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
-               input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
-               ) -> tuple[Graph, list[dict[str, Any]]]:
-    """The IR graph the search starts from: `model` (whose IR graph is `base`) after the pre-passes
-    (`xrl.frontends.prepass`), or `base` itself when none applies."""
-    if not names:
-        return base, []
-    from xrl.frontends.onnx_io import from_onnx
-    from xrl.frontends.prepass import run_prepasses
-
-    imported: dict[int, Graph] = {}  # each accepted pass's model is imported once, by the check
-
-    def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
-        imported[id(m)] = from_onnx(m, input_shapes, name=base.name).validate()
-
-    out, reports = run_prepasses(model, names, check=importable, time_limit=time_limit)
-    if not any(r.applied for r in reports):
-        return base, [r.to_json() for r in reports]
-    return imported[id(out)], [r.to_json() for r in reports]
