@@ -197,7 +197,7 @@ def test_optimize_holds_no_copy_of_the_original_model_while_it_searches(monkeypa
                          if type(o) is onnx.ModelProto), default=0))
         return real(*a, **k)
 
-    monkeypatch.setattr(api, "run_search", spy)
+    monkeypatch.setattr("xrl.deploy.search.run_search", spy)  # the search stage's
     res = api.optimize(loaded, search="greedy", cost="analytic", guard=False, time_limit=5, prepass=())
     assert res.verified and seen
     assert max(seen) < weights / 2, (max(seen), weights)

@@ -16,12 +16,13 @@ from typing import Any
 
 import onnx
 
-from xrl.deploy.candidates import Candidate, roofline_alternative, roofline_label
 from xrl.deploy.candidates import chosen as chosen_candidate
 from xrl.deploy.candidates import exported as exported_candidate
+from xrl.deploy.candidates import roofline_alternative, roofline_label
 
 # GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
 from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
+from xrl.deploy.search import SEARCH_WITHOUT_PREPASSES, search_stage  # noqa: F401 - the guard's label
 from xrl.deploy.starts import starts
 from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
@@ -191,9 +192,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     from xrl.options import check_optimize_options
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
-    from xrl.frontends.onnx_io import from_onnx, save_onnx, split_model, to_onnx
+    from xrl.frontends.onnx_io import save_onnx, split_model
     from xrl.frontends.verify import compare_models
-    from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
     check_search_options(search, prepass, target, cost)
     check_threads(threads)
@@ -219,46 +219,19 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
                                                            st.peers, st.ref)
     original_nodes, original_head, original_weights, pre_slower = (st.original_nodes, st.original_head,
                                                                    st.original_weights, st.pre_slower)
-    if time_limit is not None and time_limit != float("inf"):
-        time_limit = max(time_limit - (time.perf_counter() - t0), 1.0)
-    # kernels not yet timed when the search's time is up: the scaled roofline (estimates ignore it)
-    cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
     done("starts")
-    while True:
-        outcome = run_search(search, start, cost_model, seed=seed, steps=steps, time_limit=time_limit,
-                             options=search_options or {})
-        best = outcome.graph.validate()
-        # the file's model: a head whose weights are the graph's own arrays (no copy of them)
-        weights: dict = {}
-        exported = to_onnx(best, external=weights)
-        check = compare_models(ref, exported, external=weights)
-        if check.ok or start is base:
-            break
-        # a pre-pass changed what the model computes (beyond float32 tolerance): search without them
-        reports.append({"name": "(all)", "applied": False, "detail": f"dropped: failed verification ({check.detail})"})
-        start = base
-    outcome.steps = [*merged, *outcome.steps]
-    searched_too: list[Candidate] = []  # more searches' results for the guard
-    if pre_slower is not None and start is not base:
-        reports.append({"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(start),
-                        "detail": f"measured {pre_slower:.3f}x what they were given: the search ran from both"})
-        cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
-        too = run_search(search, base, cost_model, seed=seed, steps=steps, time_limit=time_limit,
-                         options=search_options or {})
-        candidate = exported_candidate(SEARCH_WITHOUT_PREPASSES, too.graph.validate(), [*merged, *too.steps], ref)
-        if candidate is not None:
-            searched_too.append(candidate)
+    sr = search_stage(search, st, dep, seed=seed, steps=steps, time_limit=time_limit, options=search_options,
+                      began=t0, name=loaded.graph.name)
+    start, time_limit, searched_too = sr.start, sr.time_limit, sr.others
+    best, written, exported, weights = sr.result.graph, sr.result.written, sr.result.head, sr.result.weights
+    outcome = SearchResult(graph=best, steps=sr.result.steps, details=sr.details)
+    max_abs_err = sr.max_abs_err
     elapsed = time.perf_counter() - t0
     done("search")
-    # What is reported is the file: its cost is that of the exported model read back, never the search's.
     # The research target's fused kernels exist only in the IR (export lowers them back to plain ops):
     # its estimate of the searched graph is reported beside the file's, as `searched_speedup`.
-    written = from_onnx(exported, name=loaded.graph.name, external=weights)
     optimized_cost = cost_model.cost(written)
     searched_cost = cost_model.cost(best) if tgt.runtime != "onnxruntime" else None
-    if not check.ok:
-        raise VerificationError(f"the optimised graph does not compute what the original computes "
-                                f"({check.detail}); nothing was written. Please report this with the model.")
     guard_report = None
     if guarded:
         from xrl.cost.guard import measure_guard
@@ -274,7 +247,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         for c in pre:
             c.note = note
         # the guard's order: the pre-passes' result, the search's, each peer's alone, the other searches'
-        candidates = [*pre, Candidate("search", best, written, exported, weights, list(outcome.steps)),
+        candidates = [*pre, sr.result,
                       *(c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
                         if c is not None)]
         alternative = roofline_alternative(search, start, dep, seed=seed, steps=steps, time_limit=time_limit, ref=ref)
@@ -299,6 +272,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
             written = loaded.graph
             outcome = SearchResult(graph=loaded.graph, details=outcome.details)
             check = compare_models(ref, exported, external=weights, trials=1)
+            max_abs_err = check.max_abs_err
             if not check.ok:
                 raise VerificationError(f"the original model, read again to be written, no longer computes what it "
                                         f"did ({check.detail}); nothing was written")
@@ -332,7 +306,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
-        rewrites=len(outcome.steps), time_s=elapsed, verified=check.ok, max_abs_err=check.max_abs_err,
+        rewrites=len(outcome.steps), time_s=elapsed, verified=True, max_abs_err=max_abs_err,
         output=str(out_path) if out_path else None, original_nodes=original_nodes,
         optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
         target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
@@ -343,5 +317,4 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
 
-SEARCH_WITHOUT_PREPASSES = "search without the pre-passes"  # the guard's label for it (where they measure slower)
 ROOFLINE_LABEL = roofline_label("greedy")  # the default search's
