@@ -16,15 +16,14 @@ from typing import Any
 
 import onnx
 
-from xrl.deploy.candidates import chosen as chosen_candidate
-from xrl.deploy.candidates import exported as exported_candidate
-from xrl.deploy.candidates import roofline_alternative, roofline_label
+from xrl.deploy.candidates import guard_candidates, roofline_label
 
 # GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
 from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
+from xrl.deploy.guard import Written, guard_stage
 from xrl.deploy.search import SEARCH_WITHOUT_PREPASSES, search_stage  # noqa: F401 - the guard's label
 from xrl.deploy.starts import starts
-from xrl.errors import ConfigError, OutputPathError, VerificationError, XrlError
+from xrl.errors import ConfigError, OutputPathError, XrlError
 from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
 from xrl.rewrite.rules import with_rule_set
@@ -192,8 +191,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     from xrl.options import check_optimize_options
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
-    from xrl.frontends.onnx_io import save_onnx, split_model
-    from xrl.frontends.verify import compare_models
+    from xrl.frontends.onnx_io import save_onnx
 
     check_search_options(search, prepass, target, cost)
     check_threads(threads)
@@ -215,76 +213,31 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     t0 = time.perf_counter()
     st = starts(loaded, dep, tgt.prepasses if prepass is None else tuple(prepass), peers_wanted=prepass is None,
                 input_shapes=input_shapes, time_limit=time_limit, seed=seed, verify_trials=verify_trials)
-    base, merged, start, prepassed, reports, peers, ref = (st.base, st.merged, st.start, st.prepassed, st.reports,
-                                                           st.peers, st.ref)
-    original_nodes, original_head, original_weights, pre_slower = (st.original_nodes, st.original_head,
-                                                                   st.original_weights, st.pre_slower)
+    reports = st.reports
     done("starts")
     sr = search_stage(search, st, dep, seed=seed, steps=steps, time_limit=time_limit, options=search_options,
                       began=t0, name=loaded.graph.name)
-    start, time_limit, searched_too = sr.start, sr.time_limit, sr.others
-    best, written, exported, weights = sr.result.graph, sr.result.written, sr.result.head, sr.result.weights
-    outcome = SearchResult(graph=best, steps=sr.result.steps, details=sr.details)
-    max_abs_err = sr.max_abs_err
     elapsed = time.perf_counter() - t0
     done("search")
     # The research target's fused kernels exist only in the IR (export lowers them back to plain ops):
     # its estimate of the searched graph is reported beside the file's, as `searched_speedup`.
-    optimized_cost = cost_model.cost(written)
-    searched_cost = cost_model.cost(best) if tgt.runtime != "onnxruntime" else None
-    guard_report = None
+    optimized_cost = cost_model.cost(sr.result.written)
+    searched_cost = cost_model.cost(sr.result.graph) if tgt.runtime != "onnxruntime" else None
+    w = Written.of(sr.result, sr.max_abs_err)
     if guarded:
-        from xrl.cost.guard import measure_guard
-
-        # each candidate with its own file and rewrites: the candidates share the weights they did not change
-        # (export and import pass the arrays, not copies)
-        note = None
-        if start is not prepassed:  # dropped by the estimate, kept by the measurement: say so if written
-            note = {"name": "(all)", "applied": True, "nodes_before": original_nodes, "nodes_after": len(prepassed),
-                    "detail": "kept after all: the guard measured the pre-passes' result fastest"}
-        pre = [c for c in ([exported_candidate("pre-pass", prepassed, merged, ref)] if prepassed is not base
-                           else []) if c is not None]
-        for c in pre:
-            c.note = note
-        # the guard's order: the pre-passes' result, the search's, each peer's alone, the other searches'
-        candidates = [*pre, sr.result,
-                      *(c for c in (exported_candidate(label, graph, merged, ref) for label, graph in peers)
-                        if c is not None)]
-        alternative = roofline_alternative(search, start, dep, seed=seed, steps=steps, time_limit=time_limit, ref=ref)
-        if alternative is not None:
-            alternative.steps = [*merged, *alternative.steps]
-            searched_too.append(alternative)
-        candidates += searched_too
+        candidates = guard_candidates(search, st, sr, dep, seed=seed, steps=steps)
         done("candidates")
-        timer = dep.guard_timer()
         opts = {"rounds": measure_rounds, "max_rounds": max(measure_rounds, MEASURE_MAX_ROUNDS),
                 **dict(guard_options or {})}
-        g = measure_guard(timer, loaded.graph, [c.guard() for c in candidates], **opts)
-        guard_report = g.to_json()
-        chosen = chosen_candidate(candidates, g.chosen)
-        if chosen is None:  # the original: the user's model, as loaded (checked again before it is written)
-            if original_head is not None:
-                exported, weights = original_head, original_weights
-            else:  # read again; its weights the IR's arrays where byte for byte equal: no copy held
-                original = loaded.take_reference()
-                exported, weights = split_model(original, like=loaded.graph.initializers)
-                del original
-            written = loaded.graph
-            outcome = SearchResult(graph=loaded.graph, details=outcome.details)
-            check = compare_models(ref, exported, external=weights, trials=1)
-            max_abs_err = check.max_abs_err
-            if not check.ok:
-                raise VerificationError(f"the original model, read again to be written, no longer computes what it "
-                                        f"did ({check.detail}); nothing was written")
-        else:  # the winner carries its own file and rewrites
-            written, exported, weights = chosen.written, chosen.head, chosen.weights
-            outcome = SearchResult(graph=chosen.graph, steps=chosen.steps, details=outcome.details)
-            if chosen.note is not None:
-                reports.append(chosen.note)
-        optimized_cost = cost_model.cost(written)
-        guard_report["estimated_speedups"] = {c.label: original_cost / cost_model.cost(c.written) for c in candidates}
-        del candidates, alternative, chosen, searched_too
+        w = guard_stage(loaded, st, candidates, dep, options=opts, original_cost=original_cost,
+                        max_abs_err=sr.max_abs_err)
+        if w.note is not None:
+            reports.append(w.note)
+        optimized_cost = cost_model.cost(w.written)
+        del candidates
         done("guard")
+    guard_report, written, exported, weights = w.guard, w.written, w.head, w.weights
+    outcome = SearchResult(graph=w.graph, steps=w.steps, details=sr.details)
     measured = None
     if guard_report is not None and guard_report["chosen"] != "original":
         measured = guard_report["candidates"][guard_report["chosen"]]
@@ -306,8 +259,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
-        rewrites=len(outcome.steps), time_s=elapsed, verified=True, max_abs_err=max_abs_err,
-        output=str(out_path) if out_path else None, original_nodes=original_nodes,
+        rewrites=len(outcome.steps), time_s=elapsed, verified=True, max_abs_err=w.max_abs_err,
+        output=str(out_path) if out_path else None, original_nodes=st.original_nodes,
         optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
         target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
         measured_speedup=measured["speedup"] if measured else None,

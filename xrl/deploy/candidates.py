@@ -17,6 +17,8 @@ from xrl.ir import Graph
 
 if TYPE_CHECKING:
     from xrl.deploy.deployment import Deployment
+    from xrl.deploy.search import Searched
+    from xrl.deploy.starts import Starts
 
 
 @dataclass
@@ -77,3 +79,26 @@ def roofline_alternative(search: str, start: Graph, deployment: Deployment, *, s
     outcome = run_search(search, start, deployment.cost_of("roofline"), seed=seed, steps=steps,
                          time_limit=time_limit, options={})
     return exported(roofline_label(search), outcome.graph.validate(), list(outcome.steps), ref)
+
+
+def guard_candidates(search: str, st: Starts, sr: Searched, dep: Deployment, *, seed: int,
+                     steps: int | None) -> list[Candidate]:
+    """The candidates stage: every result the guard times, each with its own file and rewrites (they share
+    the weights they did not change: export and import pass the arrays, not copies). The guard's order: the
+    pre-passes' result, the search's, each peer's alone, the other searches'."""
+    prepassed, base, merged, ref = st.prepassed, st.base, st.merged, st.ref
+    note = None
+    if sr.start is not prepassed:  # dropped by the estimate, kept by the measurement: say so if written
+        note = {"name": "(all)", "applied": True, "nodes_before": st.original_nodes, "nodes_after": len(prepassed),
+                "detail": "kept after all: the guard measured the pre-passes' result fastest"}
+    pre = [c for c in ([exported("pre-pass", prepassed, merged, ref)] if prepassed is not base else [])
+           if c is not None]
+    for c in pre:
+        c.note = note
+    candidates = [*pre, sr.result, *(c for c in (exported(label, graph, merged, ref) for label, graph in st.peers)
+                                     if c is not None)]
+    alternative = roofline_alternative(search, sr.start, dep, seed=seed, steps=steps, time_limit=sr.time_limit,
+                                       ref=ref)
+    if alternative is not None:
+        alternative.steps = [*merged, *alternative.steps]
+    return [*candidates, *sr.others, *([alternative] if alternative is not None else [])]

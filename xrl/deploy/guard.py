@@ -1,0 +1,67 @@
+"""The guard stage of the deployment path: the candidates timed against the original, the winner's file.
+
+What is written is the fastest candidate that does not measure slower than the original (`xrl.cost.guard`),
+the original itself when every one does; the winner carries its own file and rewrites (`Candidate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from xrl.deploy.candidates import Candidate, chosen
+from xrl.deploy.deployment import Deployment
+from xrl.deploy.starts import Starts
+from xrl.errors import VerificationError
+from xrl.frontends.loader import LoadedModel
+from xrl.ir import Graph
+
+
+@dataclass
+class Written:
+    graph: Graph  # the graph whose file is written (the original's IR where the original is)
+    written: Graph  # that file read back: what the reported cost is taken of
+    head: onnx.ModelProto
+    weights: dict[str, Any] | None
+    steps: list[Any]
+    max_abs_err: float  # its verification against the original's outputs
+    guard: dict[str, Any] | None = None  # the guard's report (`GuardResult.to_json()` and the estimates)
+    note: dict[str, Any] | None = field(default=None)  # a pre-pass report to add (`Candidate.note`)
+
+    @classmethod
+    def of(cls, c: Candidate, max_abs_err: float) -> Written:
+        return cls(c.graph, c.written, c.head, c.weights, c.steps, max_abs_err, note=c.note)
+
+
+def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], dep: Deployment, *,
+                options: Mapping[str, Any], original_cost: float, max_abs_err: float) -> Written:
+    """Time `candidates` against the original (`options`: `measure_guard`'s rounds and the like) and return
+    what is written; the original is verified again before it is (`max_abs_err`: the search's file's)."""
+    from xrl.cost.guard import measure_guard
+    from xrl.frontends.onnx_io import split_model
+    from xrl.frontends.verify import compare_models
+
+    g = measure_guard(dep.guard_timer(), loaded.graph, [c.guard() for c in candidates], **options)
+    report = g.to_json()
+    winner = chosen(candidates, g.chosen)
+    if winner is None:  # the original: the user's model, as loaded (checked again before it is written)
+        if st.original_head is not None:
+            head, weights = st.original_head, st.original_weights
+        else:  # read again; its weights the IR's arrays where byte for byte equal: no copy held
+            original = loaded.take_reference()
+            head, weights = split_model(original, like=loaded.graph.initializers)
+            del original
+        check = compare_models(st.ref, head, external=weights, trials=1)
+        if not check.ok:
+            raise VerificationError(f"the original model, read again to be written, no longer computes what it "
+                                    f"did ({check.detail}); nothing was written")
+        out = Written(loaded.graph, loaded.graph, head, weights, [], check.max_abs_err)
+    else:  # the winner carries its own file and rewrites
+        out = Written.of(winner, max_abs_err)
+    cost = dep.cost_model.cost
+    report["estimated_speedups"] = {c.label: original_cost / cost(c.written) for c in candidates}
+    out.guard = report
+    return out
