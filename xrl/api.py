@@ -20,7 +20,7 @@ from xrl.deploy.candidates import guard_candidates, roofline_label
 
 # GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
 from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
-from xrl.deploy.guard import Written, guard_stage
+from xrl.deploy.guard import Written, guard_stage, measured_of
 from xrl.deploy.search import SEARCH_WITHOUT_PREPASSES, search_stage  # noqa: F401 - the guard's label
 from xrl.deploy.starts import starts
 from xrl.errors import ConfigError, OutputPathError, XrlError
@@ -238,18 +238,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         done("guard")
     guard_report, written, exported, weights = w.guard, w.written, w.head, w.weights
     outcome = SearchResult(graph=w.graph, steps=w.steps, details=sr.details)
-    measured = None
-    if guard_report is not None and guard_report["chosen"] != "original":
-        measured = guard_report["candidates"][guard_report["chosen"]]
-    elif guard_report is not None:
-        measured = guard_report["original"]  # speed-up 1, the A/A control's interval and verdict
-    elif measure is not None:
-        from xrl.cost.speedup import measure_speedup
-
-        timer = dep.measure_timer(measure)
-        # the file as written against the original, with an A/A control of the original in every round
-        measured = measure_speedup(timer, loaded.graph, written, rounds=measure_rounds, control=True,
-                                   max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS)).to_json()
+    measured = measured_of(w, loaded, dep, measure, rounds=measure_rounds,
+                           max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS))
     if measure is not None and guard_report is None:
         done("measure")
     if out_path is not None:

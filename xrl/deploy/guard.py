@@ -65,3 +65,19 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
     report["estimated_speedups"] = {c.label: original_cost / cost(c.written) for c in candidates}
     out.guard = report
     return out
+
+
+def measured_of(w: Written, loaded: LoadedModel, dep: Deployment, measure: str | None, *, rounds: int,
+                max_rounds: int) -> dict[str, Any] | None:
+    """The written file against the original, measured: the guard's timing of it where the guard ran (the
+    original's own: speed-up 1, the A/A control's interval and verdict), else with `measure` (an e2e engine)
+    a timing of its own, with an A/A control of the original in every round; None when neither."""
+    if w.guard is not None:
+        chosen_label = w.guard["chosen"]
+        return w.guard["original"] if chosen_label == "original" else w.guard["candidates"][chosen_label]
+    if measure is None:
+        return None
+    from xrl.cost.speedup import measure_speedup
+
+    return measure_speedup(dep.measure_timer(measure), loaded.graph, w.written, rounds=rounds, control=True,
+                           max_rounds=max_rounds).to_json()
