@@ -28,7 +28,6 @@ from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
 from xrl.rewrite.rules import with_rule_set
 from xrl.search.registry import get_search, register_search, run_search
-from xrl.search.result import SearchResult
 
 # register_search and run_search are re-exported for the API's users (docs/architecture.md); they and the
 # table of searches live in xrl.search.registry
@@ -213,7 +212,6 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     t0 = time.perf_counter()
     st = starts(loaded, dep, tgt.prepasses if prepass is None else tuple(prepass), peers_wanted=prepass is None,
                 input_shapes=input_shapes, time_limit=time_limit, seed=seed, verify_trials=verify_trials)
-    reports = st.reports
     done("starts")
     sr = search_stage(search, st, dep, seed=seed, steps=steps, time_limit=time_limit, options=search_options,
                       began=t0, name=loaded.graph.name)
@@ -232,31 +230,29 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         w = guard_stage(loaded, st, candidates, dep, options=opts, original_cost=original_cost,
                         max_abs_err=sr.max_abs_err)
         if w.note is not None:
-            reports.append(w.note)
+            st.reports.append(w.note)
         optimized_cost = cost_model.cost(w.written)
         del candidates
         done("guard")
-    guard_report, written, exported, weights = w.guard, w.written, w.head, w.weights
-    outcome = SearchResult(graph=w.graph, steps=w.steps, details=sr.details)
     measured = measured_of(w, loaded, dep, measure, rounds=measure_rounds,
                            max_rounds=max(measure_rounds, MEASURE_MAX_ROUNDS))
-    if measure is not None and guard_report is None:
+    if measure is not None and w.guard is None:
         done("measure")
     if out_path is not None:
-        save_onnx(exported, out_path, weights)  # written from the arrays: no serialised copy in memory
+        save_onnx(w.head, out_path, w.weights)  # written from the arrays: no serialised copy in memory
     report = cost_model.report()
     done("write")
     return OptimizeResult(
         input=loaded.source, search=search, cost_model=f"{cost_model.describe()}", original_cost=original_cost,
         optimized_cost=optimized_cost, speedup=original_cost / optimized_cost if optimized_cost > 0 else float("nan"),
-        rewrites=len(outcome.steps), time_s=elapsed, verified=True, max_abs_err=w.max_abs_err,
+        rewrites=len(w.steps), time_s=elapsed, verified=True, max_abs_err=w.max_abs_err,
         output=str(out_path) if out_path else None, original_nodes=st.original_nodes,
-        optimized_nodes=len(exported.graph.node), steps=outcome.steps, details=outcome.details, measured=measured,
-        target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=reports, guard=guard_report,
+        optimized_nodes=len(w.head.graph.node), steps=w.steps, details=sr.details, measured=measured,
+        target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=st.reports, guard=w.guard,
         measured_speedup=measured["speedup"] if measured else None,
         measured_interval=list(measured["interval95"]) if measured else None,
         verdict=measured["verdict"] if measured else None, cost_report=report, stage_seconds=stages,
-        written_model=(exported, weights) if weights else exported,
+        written_model=(w.head, w.weights) if w.weights else w.head,
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
 
