@@ -17,6 +17,7 @@ from typing import Any
 import onnx
 
 from xrl.deploy.candidates import guard_candidates, roofline_label
+from xrl.deploy.clock import StageClock
 
 # GUARD_ENV and measure_model: re-exported for the API's users (scripts import measure_model from here)
 from xrl.deploy.deployment import GUARD_ENV, deployment, measure_model  # noqa: F401
@@ -194,14 +195,8 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
 
     check_search_options(search, prepass, target, cost)
     check_threads(threads)
-    stages: dict[str, float] = {}  # each stage's wall seconds, in order (--json's stage_seconds)
-    lap = [time.perf_counter()]
-
-    def done(stage: str) -> None:
-        now = time.perf_counter()
-        stages[stage] = stages.get(stage, 0.0) + now - lap[0]
-        lap[0] = now
-
+    clock = StageClock()
+    done = clock.done
     loaded = as_loaded(model, input_shapes=input_shapes, seed=seed)
     out_path = check_output_path(output, loaded.path, force=force) if output is not None else None
     dep = deployment(cost, device=device, target=target, threads=threads, cost_options=cost_options, guard=guard,
@@ -251,7 +246,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=st.reports, guard=w.guard,
         measured_speedup=measured["speedup"] if measured else None,
         measured_interval=list(measured["interval95"]) if measured else None,
-        verdict=measured["verdict"] if measured else None, cost_report=report, stage_seconds=stages,
+        verdict=measured["verdict"] if measured else None, cost_report=report, stage_seconds=clock.seconds,
         written_model=(w.head, w.weights) if w.weights else w.head,
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 
