@@ -97,20 +97,7 @@ def pss_of(pid: int) -> int | None:
 
 def tree_memory(proc: psutil.Process) -> tuple[int, int]:
     """(RSS summed over the tree, PSS summed over the tree: RSS where PSS cannot be read)."""
-    rss = pss = 0
-    try:
-        members = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0, 0
-    for p in members:
-        try:
-            r = p.memory_info().rss
-        except psutil.Error:
-            continue
-        rss += r
-        shared = pss_of(p.pid)
-        pss += r if shared is None else shared
-    return rss, pss
+    return tree_memory_detail(proc)[:2]
 
 
 def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None,

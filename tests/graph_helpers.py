@@ -20,3 +20,14 @@ def build(inputs: dict[str, tuple[int, ...]], weights: dict[str, np.ndarray], no
         outs = infer_types(n, [types[v] if v else None for v in n.inputs], [weights.get(v) for v in n.inputs])
         types.update(zip(n.outputs, outs))
     return Graph(nodes, list(inputs), outputs, types, weights).validate()
+
+
+def chain(name: str, n: int) -> Graph:
+    """A graph of n Relus in a row over a 4-element input, named `name` (the guard's tests tell candidates apart by
+    their graphs' names)."""
+    t = TensorType((4,), "float32")
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes.append(Node(f"r{i}", "Relu", (prev,), (f"v{i}",)))
+        prev = f"v{i}"
+    return Graph(nodes, ["x"], [prev], {"x": t, **{f"v{i}": t for i in range(n)}}, name=name)

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import run
+from graph_helpers import chain
 
 from xrl import api
 from xrl.cost.base import CostModel, Measurement
@@ -60,17 +61,6 @@ class FakeTimer(CostModel):
         self.calls += 1
         t = self.seconds[graph.name] * float(np.exp(self.rng.normal(0, self.noise)))
         return Measurement(t, 10, self.noise, t * 0.99, t * 1.01)
-
-
-def chain(name: str, n: int) -> Graph:
-    from xrl.ir import TensorType
-
-    t = TensorType((4,), "float32")
-    nodes, prev = [], "x"
-    for i in range(n):
-        nodes.append(Node(f"r{i}", "Relu", (prev,), (f"v{i}",)))
-        prev = f"v{i}"
-    return Graph(nodes, ["x"], [prev], {"x": t, **{f"v{i}": t for i in range(n)}}, name=name)
 
 
 def test_measure_guard_times_every_candidate_with_an_aa_control_and_keeps_the_fastest() -> None:

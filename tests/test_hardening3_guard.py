@@ -14,10 +14,11 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import run
+from graph_helpers import chain
 
 from xrl.cost.base import CostModel, Measurement
 from xrl.cost.guard import ORIGINAL, GuardCandidate, measure_guard
-from xrl.ir import Graph, Node, TensorType
+from xrl.ir import Graph, Node
 
 
 class InjectedTimer(CostModel):
@@ -47,15 +48,6 @@ class InjectedTimer(CostModel):
             t *= 1 + self.aa_skew * (self.original_calls % 2)
             self.original_calls += 1
         return Measurement(t, 10, 0.01, t * 0.99, t * 1.01)
-
-
-def chain(name: str, n: int) -> Graph:
-    t = TensorType((4,), "float32")
-    nodes, prev = [], "x"
-    for i in range(n):
-        nodes.append(Node(f"r{i}", "Relu", (prev,), (f"v{i}",)))
-        prev = f"v{i}"
-    return Graph(nodes, ["x"], [prev], {"x": t, **{f"v{i}": t for i in range(n)}}, name=name)
 
 
 def test_a_noisy_aa_control_gives_too_noisy_to_tell_more_rounds_and_the_original() -> None:
