@@ -15,9 +15,9 @@ from xrl.cost import cost_model_options, get_cost_model, get_target, target_timi
 from xrl.cost.base import CostModel
 from xrl.cost.targets import Target
 from xrl.errors import XrlError
+from xrl.options import MEASURE_ENGINES  # the one list the options check reads too
 
 GUARD_ENV = "XRL_GUARD"
-MEASURE_ENGINES = ("auto", "ort", "torch")
 
 
 def measure_model(engine: str = "auto", device: str | None = None, *, repeats: int = 10, warmup: int = 3,
