@@ -27,6 +27,7 @@ InferFn = Callable[["Node", list[TensorType], Consts], list[TensorType]]
 FlopFn = Callable[["Node", list[TensorType], list[TensorType]], int]
 
 FUSABLE_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "Gelu")
+Arity = tuple[int, int | None, int | tuple[int, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,17 @@ class OpSpec:
     # domain "", so rules match and build it like any other; the ONNX front end maps the domain.
     onnx_domain: str = ""
     runtime: str | None = None  # None: every runtime; "onnxruntime": its contrib ops only
+    # (fewest inputs, most inputs or None for variadic, outputs: a count, the allowed counts, or None for
+    # any number). The rule compiler checks every op a rule names against it.
+    arity: Arity = (1, 1, 1)
 
 
 OPS: dict[str, OpSpec] = {}
 
 
 def _register(name: str, kind: str, infer: InferFn, flops: FlopFn | None = None, *, onnx_domain: str = "",
-              runtime: str | None = None) -> None:
-    OPS[name] = OpSpec(name, kind, infer, flops or (lambda n, i, o: 0), onnx_domain, runtime)
+              runtime: str | None = None, arity: Arity = (1, 1, 1)) -> None:
+    OPS[name] = OpSpec(name, kind, infer, flops or (lambda n, i, o: 0), onnx_domain, runtime, arity)
 
 
 def is_known(op: str, domain: str = "") -> bool:
@@ -169,13 +173,16 @@ def _elementwise_flops(node: Node, ins: list[TensorType], outs: list[TensorType]
     return ELEMENTWISE_COST.get(node.op, 1) * outs[0].numel
 
 
-for _op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Equal", "Less", "Greater", "Where"):
-    _register(_op, "elementwise", _infer_broadcast, _elementwise_flops)
+for _op in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater"):
+    _register(_op, "elementwise", _infer_broadcast, _elementwise_flops, arity=(2, 2, 1))
+for _op in ("Max", "Min"):  # variadic in ONNX
+    _register(_op, "elementwise", _infer_broadcast, _elementwise_flops, arity=(1, None, 1))
+_register("Where", "elementwise", _infer_broadcast, _elementwise_flops, arity=(3, 3, 1))
 for _op in ("Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Neg",
             "Abs", "LeakyRelu", "HardSigmoid", "Softplus"):
     _register(_op, "elementwise", _infer_unary, _elementwise_flops)
 for _op in LOGICAL_OPS:
-    _register(_op, "elementwise", _infer_logical, _elementwise_flops)
+    _register(_op, "elementwise", _infer_logical, _elementwise_flops, arity=(1, 1, 1) if _op == "Not" else (2, 2, 1))
 # IsNaN: the guard torch's SDPA export puts after a masked softmax (a fully masked row is NaN, then zeroed)
 _register("IsNaN", "elementwise", _infer_isnan, _elementwise_flops)
 
@@ -184,7 +191,7 @@ def _infer_clip(node: Node, ins: list[TensorType], consts: Consts) -> list[Tenso
     return [ins[0]]
 
 
-_register("Clip", "elementwise", _infer_clip, _elementwise_flops)
+_register("Clip", "elementwise", _infer_clip, _elementwise_flops, arity=(1, 3, 1))
 
 
 def _infer_cast(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -205,7 +212,7 @@ def _infer_dropout(node: Node, ins: list[TensorType], consts: Consts) -> list[Te
 
 
 _register("Identity", "view", _infer_unary)
-_register("Dropout", "view", _infer_dropout)  # inference mode: the identity
+_register("Dropout", "view", _infer_dropout, arity=(1, 3, (1, 2)))  # inference mode: the identity
 
 
 def _infer_constant(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -215,7 +222,7 @@ def _infer_constant(node: Node, ins: list[TensorType], consts: Consts) -> list[T
     return [TensorType.of(value)]
 
 
-_register("Constant", "view", _infer_constant)
+_register("Constant", "view", _infer_constant, arity=(0, 0, 1))
 
 
 # ----- compute ---------------------------------------------------------------------------------
@@ -264,7 +271,7 @@ def _conv_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> in
     return per_out * outs[0].numel + bias + _act_flops(node, outs[0])
 
 
-_register("Conv", "compute", _infer_conv, _conv_flops)
+_register("Conv", "compute", _infer_conv, _conv_flops, arity=(2, 3, 1))
 
 
 def matmul_shape(node: Node, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -292,7 +299,7 @@ def _matmul_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> 
     return 2 * k * outs[0].numel + _act_flops(node, outs[0])
 
 
-_register("MatMul", "compute", _infer_matmul, _matmul_flops)
+_register("MatMul", "compute", _infer_matmul, _matmul_flops, arity=(2, 2, 1))
 
 
 def _infer_gemm(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -318,7 +325,7 @@ def _gemm_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> in
     return 2 * k * outs[0].numel + bias + _act_flops(node, outs[0])
 
 
-_register("Gemm", "compute", _infer_gemm, _gemm_flops)
+_register("Gemm", "compute", _infer_gemm, _gemm_flops, arity=(2, 3, 1))
 
 
 # ----- normalisation, softmax, pooling, reductions ----------------------------------------------
@@ -342,7 +349,7 @@ def _infer_layernorm(node: Node, ins: list[TensorType], consts: Consts) -> list[
     return outs
 
 
-_register("LayerNormalization", "reduction", _infer_layernorm, lambda n, i, o: 8 * o[0].numel)
+_register("LayerNormalization", "reduction", _infer_layernorm, lambda n, i, o: 8 * o[0].numel, arity=(2, 3, (1, 2, 3)))
 
 
 def _infer_batchnorm(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -356,7 +363,7 @@ def _infer_batchnorm(node: Node, ins: list[TensorType], consts: Consts) -> list[
     return [x]
 
 
-_register("BatchNormalization", "elementwise", _infer_batchnorm, lambda n, i, o: 2 * o[0].numel)
+_register("BatchNormalization", "elementwise", _infer_batchnorm, lambda n, i, o: 2 * o[0].numel, arity=(5, 5, 1))
 
 
 def _infer_pool(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -390,7 +397,7 @@ def _pool_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) -> in
     return int(np.prod(node.attr("kernel_shape"))) * outs[0].numel
 
 
-_register("MaxPool", "reduction", _infer_pool, _pool_flops)
+_register("MaxPool", "reduction", _infer_pool, _pool_flops, arity=(1, 1, (1, 2)))
 _register("AveragePool", "reduction", _infer_pool, _pool_flops)
 
 
@@ -420,7 +427,7 @@ def _infer_reduce(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
 
 
 for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
-    _register(_op, "reduction", _infer_reduce, lambda n, i, o: i[0].numel)
+    _register(_op, "reduction", _infer_reduce, lambda n, i, o: i[0].numel, arity=(1, 2, 1))
 
 
 # ----- onnxruntime's contrib normalisations (RMSNorm) -----------------------------------------------
@@ -464,9 +471,9 @@ def _rmsnorm_flops(node: Node, ins: list[TensorType], outs: list[TensorType]) ->
 
 
 _register("SimplifiedLayerNormalization", "reduction", _infer_simplified_layernorm, _rmsnorm_flops,
-          runtime="onnxruntime")
+          runtime="onnxruntime", arity=(2, 2, (1, 2)))
 _register("SkipSimplifiedLayerNormalization", "reduction", _infer_skip_simplified_layernorm, _rmsnorm_flops,
-          onnx_domain="com.microsoft", runtime="onnxruntime")
+          onnx_domain="com.microsoft", runtime="onnxruntime", arity=(3, 4, (1, 2, 3, 4)))
 
 
 def _infer_rotary(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -490,7 +497,7 @@ def _infer_rotary(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
 # rows of the cos/sin caches at position_ids ((1,): an offset to 0..sequence-1), rotate-half (interleaved=0)
 # or interleaved pairs (interleaved=1).
 _register("RotaryEmbedding", "elementwise", _infer_rotary, lambda n, i, o: 3 * o[0].numel,
-          onnx_domain="com.microsoft", runtime="onnxruntime")
+          onnx_domain="com.microsoft", runtime="onnxruntime", arity=(4, 4, 1))
 
 
 def _infer_mha(node: Node, ins: list[TensorType | None], consts: Consts) -> list[TensorType]:
@@ -527,7 +534,7 @@ def _infer_mha(node: Node, ins: list[TensorType | None], consts: Consts) -> list
 # after each query. Packed query/key/value and past key/values are not supported here.
 _register("MultiHeadAttention", "compute", _infer_mha,
           lambda n, i, o: 2 * i[0].shape[0] * i[0].shape[1] * i[1].shape[1] * (i[0].shape[2] + i[2].shape[2]),
-          onnx_domain="com.microsoft", runtime="onnxruntime")
+          onnx_domain="com.microsoft", runtime="onnxruntime", arity=(3, 6, 1))
 
 
 def _infer_gqa(node: Node, ins: list[TensorType | None], consts: Consts) -> list[TensorType]:
@@ -577,7 +584,7 @@ def _infer_gqa(node: Node, ins: list[TensorType | None], consts: Consts) -> list
 # total_sequence_length the sequence, no rotary, window, softcap; onnxruntime's CPU kernel needs head size % 8.
 _register("GroupQueryAttention", "compute", _infer_gqa,
           lambda n, i, o: 2 * i[0].shape[0] * i[0].shape[1] * i[1].shape[1] * 2 * i[0].shape[2],
-          onnx_domain="com.microsoft", runtime="onnxruntime")
+          onnx_domain="com.microsoft", runtime="onnxruntime", arity=(7, 7, (1, 3)))
 
 
 # ----- data movement ---------------------------------------------------------------------------
@@ -594,7 +601,7 @@ def _infer_concat(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
     return [first.with_shape(shape)]
 
 
-_register("Concat", "memory", _infer_concat)
+_register("Concat", "memory", _infer_concat, arity=(1, None, 1))
 
 
 def _infer_split(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -618,7 +625,7 @@ def _infer_split(node: Node, ins: list[TensorType], consts: Consts) -> list[Tens
     return outs
 
 
-_register("Split", "memory", _infer_split)
+_register("Split", "memory", _infer_split, arity=(1, 2, None))
 
 
 def slice_bounds(node: Node, shape: tuple[int, ...], starts, ends, axes, steps) -> list[tuple[int, int, int, int]]:
@@ -650,7 +657,7 @@ def _infer_slice(node: Node, ins: list[TensorType], consts: Consts) -> list[Tens
     return [x.with_shape(shape)]
 
 
-_register("Slice", "memory", _infer_slice)
+_register("Slice", "memory", _infer_slice, arity=(3, 5, 1))
 
 
 def reshape_target(node: Node, in_shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
@@ -676,7 +683,7 @@ def _infer_reshape(node: Node, ins: list[TensorType], consts: Consts) -> list[Te
     return [ins[0].with_shape(reshape_target(node, ins[0].shape, target))]
 
 
-_register("Reshape", "view", _infer_reshape)
+_register("Reshape", "view", _infer_reshape, arity=(2, 2, 1))
 
 
 def _infer_flatten(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -719,8 +726,8 @@ def _infer_unsqueeze(node: Node, ins: list[TensorType], consts: Consts) -> list[
     return [x.with_shape(shape)]
 
 
-_register("Squeeze", "view", _infer_squeeze)
-_register("Unsqueeze", "view", _infer_unsqueeze)
+_register("Squeeze", "view", _infer_squeeze, arity=(1, 2, 1))
+_register("Unsqueeze", "view", _infer_unsqueeze, arity=(1, 2, 1))
 
 
 def _infer_transpose(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -753,7 +760,7 @@ def _infer_pad(node: Node, ins: list[TensorType], consts: Consts) -> list[Tensor
     return [x.with_shape(shape)]
 
 
-_register("Pad", "memory", _infer_pad)
+_register("Pad", "memory", _infer_pad, arity=(2, 4, 1))
 
 
 def _infer_expand(node: Node, ins: list[TensorType], consts: Consts) -> list[TensorType]:
@@ -763,7 +770,7 @@ def _infer_expand(node: Node, ins: list[TensorType], consts: Consts) -> list[Ten
     return [ins[0].with_shape(broadcast_shapes(node, ins[0].shape, tuple(target)))]
 
 
-_register("Expand", "memory", _infer_expand)
+_register("Expand", "memory", _infer_expand, arity=(2, 2, 1))
 
 
 # ----- the entry points ------------------------------------------------------------------------

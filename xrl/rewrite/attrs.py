@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from xrl.ir.ops import OPS, Arity
 from xrl.ir.types import TensorType
 
 Types = Sequence[TensorType]
@@ -153,28 +154,11 @@ def same(a: Any, b: Any) -> bool:
         return False
 
 
-# op -> (fewest inputs, most inputs or None for variadic, outputs or None for "any number")
-ARITY: dict[str, tuple[int, int | None, int | tuple[int, ...] | None]] = {
-    "Conv": (2, 3, 1), "MatMul": (2, 2, 1), "Gemm": (2, 3, 1), "Softmax": (1, 1, 1),
-    "LayerNormalization": (2, 3, (1, 2, 3)), "BatchNormalization": (5, 5, 1), "MaxPool": (1, 1, (1, 2)),
-    "AveragePool": (1, 1, 1), "GlobalAveragePool": (1, 1, 1), "GlobalMaxPool": (1, 1, 1),
-    "ReduceMean": (1, 2, 1), "ReduceSum": (1, 2, 1), "ReduceMax": (1, 2, 1), "ReduceMin": (1, 2, 1),
-    "ReduceProd": (1, 2, 1),
-    "Concat": (1, None, 1), "Split": (1, 2, None), "Slice": (3, 5, 1), "Reshape": (2, 2, 1), "Flatten": (1, 1, 1),
-    "Squeeze": (1, 2, 1), "Unsqueeze": (1, 2, 1), "Transpose": (1, 1, 1), "Pad": (2, 4, 1), "Expand": (2, 2, 1),
-    "Where": (3, 3, 1), "Clip": (1, 3, 1), "Cast": (1, 1, 1), "Identity": (1, 1, 1), "Dropout": (1, 3, (1, 2)),
-    "Constant": (0, 0, 1), "Max": (1, None, 1), "Min": (1, None, 1),
-    "SimplifiedLayerNormalization": (2, 2, (1, 2)), "SkipSimplifiedLayerNormalization": (3, 4, (1, 2, 3, 4)),
-    "RotaryEmbedding": (4, 4, 1), "MultiHeadAttention": (3, 6, 1),
-    "GroupQueryAttention": (7, 7, (1, 3)),
-}
-BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or")
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Equal"})
 
 
-def arity(op: str) -> tuple[int, int | None, int | tuple[int, ...] | None]:
-    if op in ARITY:
-        return ARITY[op]
-    if op in BINARY:
-        return (2, 2, 1)
-    return (1, 1, 1)  # the unary elementwise ops
+def arity(op: str) -> Arity:
+    """(fewest inputs, most inputs or None, outputs), read from the op table (xrl.ir.ops.OpSpec.arity); an op the
+    IR does not know reads as one input, one output."""
+    spec = OPS.get(op)
+    return spec.arity if spec is not None else (1, 1, 1)
