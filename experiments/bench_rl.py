@@ -33,8 +33,8 @@ from xrl.env import GraphRewriteEnv, resolve_graph
 from xrl.features.metagraph import FeatureCache
 from xrl.rewrite import RewriteEngine
 from xrl.rl.checkpoint import default_policy_path, load_policy
+from xrl.rl.rl_search import candidate_cap
 from xrl.rl.rollout import observe
-from xrl.search.rl_search import candidate_cap
 
 
 def bench_graph(name: str, engine: RewriteEngine, policy: torch.nn.Module, steps: int, horizon: int,

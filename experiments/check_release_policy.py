@@ -25,8 +25,8 @@ from xrl.policies.export import export_onnx
 from xrl.policies.release import ReleasePolicy, release_search
 from xrl.rl.checkpoint import default_policy_path, load_policy
 from xrl.rl.evaluate import make_env, optimize_with_policy
+from xrl.rl.rl_search import candidate_cap
 from xrl.rl.rollout import observe
-from xrl.search.rl_search import candidate_cap
 
 SUITE = ["mlp", "tiny_cnn", "squeezenet", "nasrnn", "bert", "vit", "dalle", "tt", "inception_v3", "resnext50",
          "nasnet_a", "resnet50", "vgg19"]

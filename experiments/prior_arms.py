@@ -46,7 +46,7 @@ def at_budget(trace: Sequence[Sequence[float]], budget: float) -> float:
 def run_graph(name: str, split: str, args: argparse.Namespace, cost, engine, budgets: list[float]) -> list[dict]:  # noqa: ANN001
     from xrl.api import run_search
     from xrl.frontends.loader import load_model
-    from xrl.search.rl_search import rl_search
+    from xrl.rl.rl_search import rl_search
 
     graph = load_model(name, seed=0).graph
     c0 = cost.cost(graph)
@@ -109,7 +109,7 @@ def guided_only() -> dict:
     """rl_search's options for the guided search alone (no greedy anchor), where this xrl has the option."""
     import inspect
 
-    from xrl.search.rl_search import rl_search
+    from xrl.rl.rl_search import rl_search
 
     return {"anchor": False} if "anchor" in inspect.signature(rl_search).parameters else {}
 

@@ -19,8 +19,8 @@ from bench_rl import search_graph
 
 from xrl.cost import get_cost_model
 from xrl.rewrite import RewriteEngine
+from xrl.rl.rl_search import rl_search
 from xrl.search.greedy import greedy_search
-from xrl.search.rl_search import rl_search
 
 
 def main() -> None:

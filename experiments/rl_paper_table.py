@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         from xrl.cost import get_cost_model
         from xrl.frontends.loader import load_model
-        from xrl.search.rl_search import rl_search
+        from xrl.rl.rl_search import rl_search
 
         cost = get_cost_model("target", target="paper")
         # warm-up: importing torch and loading the policy would count against the first rl run's budget

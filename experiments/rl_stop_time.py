@@ -30,8 +30,8 @@ FIELDS = ["target", "graph", "repeat", "greedy_speedup", "greedy_s", "greedy2_s"
 def measure(target: str, name: str, repeats: int, engine) -> list[dict]:  # noqa: ANN001 - a RewriteEngine
     from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
+    from xrl.rl.rl_search import rl_search
     from xrl.search.greedy import greedy_search
-    from xrl.search.rl_search import rl_search
 
     cost = get_cost_model("target", target=target)
     graph = load_model(name, seed=0).graph
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from xrl.cost import get_cost_model
     from xrl.frontends.loader import load_model
     from xrl.rewrite import RewriteEngine
-    from xrl.search.rl_search import rl_search
+    from xrl.rl.rl_search import rl_search
 
     engine = RewriteEngine.default()  # the rules loaded once: every run of the process searches the same set
     rl_search(load_model("mlp", seed=0).graph, get_cost_model("analytic"), engine=engine)  # warm-up: torch, the policy

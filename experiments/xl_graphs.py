@@ -34,8 +34,8 @@ def at(trace: list[tuple[float, float]], c0: float, t: float) -> float:
 
 def measure(name: str, cost, engine, greedy_limit: float) -> dict:  # noqa: ANN001
     from xrl.frontends.loader import load_model
+    from xrl.rl.rl_search import rl_search
     from xrl.search.greedy import greedy_search
-    from xrl.search.rl_search import rl_search
 
     graph = load_model(name, seed=0).graph
     c0 = cost.cost(graph)

@@ -58,7 +58,7 @@ def test_an_exported_policy_served_through_the_c_client_equals_search_rl(client,
     from xrl.env import resolve_graph
     from xrl.policies.export import export_onnx
     from xrl.rl.checkpoint import default_policy_path
-    from xrl.search.rl_search import rl_search
+    from xrl.rl.rl_search import rl_search
 
     policy = tmp_path / "default.onnx"
     export_onnx(default_policy_path(), policy)

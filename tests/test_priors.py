@@ -12,8 +12,8 @@ from xrl.env import GraphRewriteEnv, resolve_graph
 from xrl.errors import ConfigError
 from xrl.rl.guided import guided_search
 from xrl.rl.priors import CostPrior, PolicyPrior, UniformPrior, make_prior, untrained_like
+from xrl.rl.rl_search import rl_search
 from xrl.search.greedy import greedy_search
-from xrl.search.rl_search import rl_search
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_prior_options_are_checked(capsys, paper):
         rl_search(g, paper, prior="nosuch")
     with pytest.raises(ConfigError, match="mode argmax plays the trained policy"):
         rl_search(g, paper, prior="uniform", mode="argmax")
-    from xrl.search.rl_search import run_rl
+    from xrl.rl.rl_search import run_rl
 
     with pytest.raises(ConfigError, match="stop must be true or false"):
         run_rl(g, paper, seed=0, steps=None, time_limit=None, stop="maybe")

@@ -84,7 +84,7 @@ def test_the_table_holds_the_builtins_rl_and_their_flags(table):
     assert names[:7] == ("none", "greedy", "random", "taso", "tensat", "beam", "exhaustive") and "rl" in names
     assert [n for n in names if registry.get_search(n).roofline_alternative] == ["greedy"]
     assert not registry.get_search("tensat").default_time_limit  # its saturation and ILP have limits of their own
-    assert registry.get_search("rl").requires == ("xrl.search.rl_search",)
+    assert registry.get_search("rl").requires == ("xrl.rl.rl_search",)
     from xrl import api
 
     assert api.register_search is registry.register_search and api.run_search is registry.run_search  # re-exports

@@ -15,8 +15,8 @@ from xrl.rewrite import RewriteEngine
 from xrl.rl import guided
 from xrl.rl.guided import ANCHOR_EARN, EARN_FLOOR_S, MemoEngine, guided_search
 from xrl.rl.priors import Judgement, Prior
+from xrl.rl.rl_search import rl_search
 from xrl.search.greedy import greedy_search
-from xrl.search.rl_search import rl_search
 
 
 @pytest.fixture(scope="module")

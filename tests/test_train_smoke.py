@@ -87,7 +87,7 @@ def test_eval_and_search_rl_use_a_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "graphs trained on" in out and "held-out graphs" in out and "greedy" in out
-    from xrl.search.rl_search import run_rl
+    from xrl.rl.rl_search import run_rl
 
     graph = resolve_graph("mlp")
     cost = get_cost_model("analytic")

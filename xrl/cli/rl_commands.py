@@ -206,7 +206,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from xrl.rl.checkpoint import default_policy_path, load_policy
     from xrl.rl.evaluate import optimize_with_policy, random_rollouts
     from xrl.rl.guided import guided_baselines
-    from xrl.search.rl_search import candidate_cap
+    from xrl.rl.rl_search import candidate_cap
 
     if args.env == "pass_ordering":
         return _eval_passes(args)

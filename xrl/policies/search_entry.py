@@ -12,24 +12,24 @@ from xrl.search.result import SearchResult
 
 
 def run_policy(*args: Any, **options: Any) -> SearchResult:
-    """A checkpoint goes to xrl.search.rl_search; an exported .onnx policy to its release runner, which
+    """A checkpoint goes to xrl.rl.rl_search; an exported .onnx policy to its release runner, which
     needs neither torch_geometric nor xrl's training code (xrl.policies.release)."""
     release = str(options.get("policy") or "").endswith(".onnx")
-    run = lazy_runner("xrl.policies.release", "run_release") if release else lazy_runner("xrl.search.rl_search",
+    run = lazy_runner("xrl.policies.release", "run_release") if release else lazy_runner("xrl.rl.rl_search",
                                                                                         "run_rl")
     return run(*args, **options)
 
 
 # replace=False: a runner registered as "rl" in code before the first lookup is kept
 register_search("rl", run_policy, description="a trained policy (the shipped one unless --policy says otherwise)",
-                requires=("xrl.search.rl_search",), replace=False)
+                requires=("xrl.rl.rl_search",), replace=False)
 
 
 def _rl_with(**preset: Any):  # noqa: ANN202 - a registry runner
     """`--search rl` with options preset (the caller's own options win)."""
 
     def runner(*args: Any, **options: Any) -> SearchResult:
-        return lazy_runner("xrl.search.rl_search", "run_rl")(*args, **{**preset, **options})
+        return lazy_runner("xrl.rl.rl_search", "run_rl")(*args, **{**preset, **options})
 
     return runner
 
@@ -42,4 +42,4 @@ for _name, _preset, _what in (
         ("rl-uniform", {"prior": "uniform"}, "the guided search under a uniform prior"),
         ("rl-cost", {"prior": "cost"}, "the guided search under a softmax over each rewrite's estimated gain"),
         ("rl-argmax", {"mode": "argmax"}, "the trained policy's argmax rollout alone")):
-    register_search(_name, _rl_with(**_preset), description=_what, requires=("xrl.search.rl_search",), replace=False)
+    register_search(_name, _rl_with(**_preset), description=_what, requires=("xrl.rl.rl_search",), replace=False)

@@ -23,8 +23,8 @@ rewrites (Inception-v3: 220 by greedy search; with a 50-step cap the shipped pol
 the 1.90x it reaches uncapped); `samples=k` adds k sampled rollouts, and the cheapest graph any rollout
 passed through is returned. Each step offers the policy the candidate set it was trained on: at
 most the training run's `env.max_candidates` rewrites (the cheapest by estimate), unless
-`max_candidates` says otherwise (0: all of them). Unlike the other searches this one reads a checkpoint, so it is the
-one search module that imports `xrl.rl`.
+`max_candidates` says otherwise (0: all of them). Unlike the other searches this one reads a checkpoint, so it
+lives in `xrl.rl` (above the search package, whose greedy search and result type it uses).
 """
 
 from __future__ import annotations
