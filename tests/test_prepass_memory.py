@@ -57,7 +57,7 @@ def test_no_pre_pass_child_receives_a_serialised_copy_of_the_weights(monkeypatch
         return m, f"{sum(len(t.raw_data) for t in m.graph.initializer)} weight bytes"
 
     model_in_parent = model
-    monkeypatch.setitem(prepass._RUNNERS, "reader", reads_weights)
+    monkeypatch.setitem(prepass.PASSES, "reader", prepass.Prepass(reads_weights))
     out, detail = prepass._run_bounded("reader", model, 60.0)
     assert out is model and detail == f"{weights} weight bytes"
     assert max(sent, default=0) < weights // 100, sent  # the parent serialised nothing model-sized

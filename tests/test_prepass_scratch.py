@@ -19,7 +19,7 @@ def test_what_a_pass_writes_into_the_working_directory_is_removed(monkeypatch, t
         Path("weights.data").write_bytes(b"x" * 100)
         return model, "littered"
 
-    monkeypatch.setitem(prepass._RUNNERS, "litter", litters)
+    monkeypatch.setitem(prepass.PASSES, "litter", prepass.Prepass(litters))
     monkeypatch.chdir(tmp_path)
     out, detail = prepass._run_bounded("litter", graphs.build("mlp"), timeout)
     assert detail == "littered" and len(out.graph.node) > 0
@@ -50,7 +50,7 @@ def test_a_pass_stopped_by_its_time_limit_leaves_no_scratch_folder(monkeypatch, 
     """Issue 34, item 6: the parent made the child's folder and removes it after ending the child (the child,
     killed, runs no cleanup); issue 35, item 3: the report says the pass was stopped by its limit."""
     tmp = _private_tmp(monkeypatch, tmp_path)
-    monkeypatch.setitem(prepass._RUNNERS, "sleeper", _sleeper)
+    monkeypatch.setitem(prepass.PASSES, "sleeper", prepass.Prepass(_sleeper))
     monkeypatch.chdir(tmp_path)
     model = graphs.build("mlp")
     out, reports = prepass.run_prepasses(model, ["sleeper"], time_limit=1e-3)
@@ -69,7 +69,7 @@ from xrl.cli.main import install_sigterm_handler
 from xrl import graphs
 from xrl.frontends import prepass
 import test_prepass_scratch as t
-prepass._RUNNERS["sleeper"] = t._sleeper
+prepass.PASSES["sleeper"] = prepass.Prepass(t._sleeper)
 install_sigterm_handler()
 try:
     prepass._run_bounded("sleeper", graphs.build("mlp"), 60.0)

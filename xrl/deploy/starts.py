@@ -16,6 +16,7 @@ import onnx
 from xrl.cost.base import CostModel
 from xrl.deploy.deployment import Deployment
 from xrl.frontends.loader import LoadedModel
+from xrl.frontends.prepass import guard_peer_passes
 from xrl.ir import Graph
 
 # The pre-passes' result is dropped when its estimate is this much above the original's
@@ -24,7 +25,7 @@ PREPASS_SHARE = 0.25  # of the time limit (or the default one), for the pre-pass
 # pre-passes run alone, beside the target's chain, for the guard to time: onnxscript, which the chain leaves
 # out, and each of the chain's own (the chain can measure slower than one of its passes alone, as on
 # nn.MultiheadAttention's causal export on one thread: onnxslim alone 1.02x, the chain 0.97x)
-GUARD_PEER_PASSES = ("onnxslim", "ort-transformers", "onnxscript")
+GUARD_PEER_PASSES = guard_peer_passes()  # the rows of xrl.frontends.prepass.PASSES marked guard_peer
 # ... on models up to this many bytes of weights: each result held until the guard is another copy of them
 GUARD_PEER_MAX_BYTES = 1 << 30
 

@@ -11,10 +11,13 @@ written again):
     onnxscript        onnxscript's `optimize_for_ort` (the `bench` extra): RMSNorm, SkipRMSNorm, rotary
                       embedding, attention and GQA fusions into onnxruntime's contrib ops. Not in any
                       target's chain (`--prepass onnxslim,onnxscript` asks for it), but the guard times its
-                      result alone (`xrl.api.GUARD_PEER_PASSES`). Its output is
+                      result alone (`guard_peer` in PASSES). Its output is
                       run against its input in onnxruntime before it is kept: on some models it writes a
                       node onnxruntime rejects (a MultiHeadAttention it cannot load), and such a result
                       is a dropped pass, not an error.
+
+PASSES, after the runners below, is the one table of them: a pass's name, its runner and whether the guard
+times its result alone (`xrl.deploy.starts.GUARD_PEER_PASSES` reads it); adding a pass is one row there.
 
 Each pass is checked on its own: its output must import into the IR (`check`), or it is skipped
 and the report says why; a pass that changes nothing is reported as such. What they compute is
@@ -36,7 +39,6 @@ from dataclasses import asdict, dataclass
 
 import onnx
 
-PREPASSES = ("onnxslim", "ort-transformers", "onnxscript")
 CONTRIB_DOMAIN = "com.microsoft"
 # the ops whose presence makes a model worth the transformers optimizer's time
 _TRANSFORMER_HINTS = {"Softmax", "LayerNormalization", "ReduceMean", "Erf"}
@@ -276,11 +278,29 @@ def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     return out, "fused: " + ", ".join(f"{k} {v}" for k, v in sorted(fused.items()))
 
 
-_RUNNERS: dict[str, Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]] = {
-    "onnxslim": _onnxslim,
-    "ort-transformers": _ort_transformers,
-    "onnxscript": _onnxscript,
+@dataclass(frozen=True)
+class Prepass:
+    """One row of PASSES: how to run the pass (model -> (model, note)), and whether the guard times its result
+    alone, beside the target's chain (xrl.deploy.starts.GUARD_PEER_PASSES)."""
+
+    run: Callable[[onnx.ModelProto], tuple[onnx.ModelProto, str]]
+    guard_peer: bool = False
+
+
+# The one table of pre-passes, by name, in the order a chain lists them. The guard times each of these three alone:
+# onnxscript, which no target's chain includes, and each of the chain's own (the chain can measure slower than one
+# of its passes alone).
+PASSES: dict[str, Prepass] = {
+    "onnxslim": Prepass(_onnxslim, guard_peer=True),
+    "ort-transformers": Prepass(_ort_transformers, guard_peer=True),
+    "onnxscript": Prepass(_onnxscript, guard_peer=True),
 }
+PREPASSES = PASSES.keys()  # the names: a live view of the table
+
+
+def guard_peer_passes() -> tuple[str, ...]:
+    """The passes the guard times alone, in table order."""
+    return tuple(name for name, p in PASSES.items() if p.guard_peer)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -336,7 +356,7 @@ def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int
     tempfile.tempdir = work
     result = os.path.join(scratch, "result.onnx")
     try:
-        out, detail = _RUNNERS[name](model)
+        out, detail = PASSES[name].run(model)
         changed = out is not None and out is not model
         if changed:  # the weights to a file one tensor at a time: no serialised copy of them beside the model
             from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
@@ -377,7 +397,7 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
     serialised copy of the model while the pass runs."""
     if timeout is None or timeout == float("inf"):
         with _scratch_cwd():
-            return _RUNNERS[name](model)
+            return PASSES[name].run(model)
     import multiprocessing as mp
     import tempfile
 
@@ -456,7 +476,7 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
 
     reports = []
     for name in names:
-        if name not in _RUNNERS:
+        if name not in PASSES:
             from xrl.errors import ConfigError
 
             raise ConfigError(f"unknown pre-pass {name!r}; choose from: {', '.join(PREPASSES)}")
