@@ -73,7 +73,7 @@ def check(member: str, size: str, exporter: str, args: argparse.Namespace, tmp: 
         print(f"  guard chose {res.guard.get('chosen')} ({res.guard.get('reason')}); measured speed-up "
               f"{res.measured_speedup if res.measured_speedup is None else round(res.measured_speedup, 3)} "
               f"{res.measured_interval or ''} ({res.verdict})")
-    print(f"  pre-passes: {', '.join(p.get('name', '?') for p in res.prepasses if p.get('applied')) or 'none'}")
+    print(f"  pre-passes: {', '.join(p.name for p in res.prepasses if p.applied) or 'none'}")
     print(f"  rules ({res.rewrites}): {', '.join(f'{r} {n}' for r, n in steps.most_common()) or 'none'}")
     if args.measure:
         print(f"  measured, xrl(original) against xrl(limit): {measure(res.model, lim.model, args.measure)}")

@@ -141,13 +141,13 @@ def test_a_search_result_measured_slower_is_never_written(monkeypatch, measured_
     src = square_model(tmp_path)
     out = tmp_path / "out.onnx"
     res = api.optimize(str(src), output=out, prepass=())
-    assert res.guard is not None and res.guard["chosen"] == "original"
-    assert res.guard["candidates"]["search"]["verdict"] in ("slower", "too noisy to tell")  # a loaded machine
+    assert res.guard is not None and res.guard.chosen == "original"
+    assert res.guard.measured["search"].verdict in ("slower", "too noisy to tell")  # a loaded machine
     written = onnx.load(out)
     assert [n.op_type for n in written.graph.node] == ["MatMul", "Add", "Relu"]  # the input's own graph
     # the original's interval is the A/A control's: its verdict says whether this run could resolve 3%
     assert res.rewrites == 0 and res.verdict in ("within noise", "too noisy to tell") and res.measured_speedup == 1.0
-    assert res.measured_interval == res.guard["control_interval95"]
+    assert res.measured_interval == list(res.guard.control)
     # without the guard the slow result is written, and the report says it is unmeasured
     res = api.optimize(str(src), output=tmp_path / "unguarded.onnx", prepass=(), guard=False)
     assert res.guard is None and res.verdict is None and res.rewrites == 1
@@ -186,16 +186,16 @@ def test_on_fire_small_the_rooflines_beam_result_measures_slower_and_the_guard_w
     onnxruntime runs 25% slower here (0.75x measured); the guard keeps the input."""
     out = tmp_path / "fire.onnx"
     res = api.optimize("fire_small", output=out, search="beam", cost="roofline", prepass=(), time_limit=20)
-    assert res.guard is not None and res.guard["estimated_speedups"]["search"] > 1.05
-    assert res.guard["candidates"]["search"]["speedup"] < 1.0
-    assert res.guard["chosen"] == "original" and res.optimized_nodes == res.original_nodes
+    assert res.guard is not None and res.guard.estimated_speedups["search"] > 1.05
+    assert res.guard.measured["search"].speedup < 1.0
+    assert res.guard.chosen == "original" and res.optimized_nodes == res.original_nodes
 
 
 def test_default_greedy_also_offers_the_guard_its_result_under_the_roofline(measured_defaults, tmp_path) -> None:
     res = api.optimize("lora_tiny", output=tmp_path / "t.onnx", prepass=())
-    assert api.ROOFLINE_LABEL in res.guard["estimated_speedups"] and "search" in res.guard["estimated_speedups"]
-    assert res.guard["chosen"] in ("search", api.ROOFLINE_LABEL, "original")
-    if res.guard["chosen"] != "original":
+    assert api.ROOFLINE_LABEL in res.guard.estimated_speedups and "search" in res.guard.estimated_speedups
+    assert res.guard.chosen in ("search", api.ROOFLINE_LABEL, "original")
+    if res.guard.chosen != "original":
         assert res.rewrites > 0 and res.optimized_nodes < res.original_nodes
 
 
@@ -207,9 +207,9 @@ def test_the_guard_times_the_pre_passes_result_even_where_the_estimate_drops_it(
     monkeypatch.setattr(starts, "PREPASS_TOLERANCE", -1.0)  # every pre-pass result is "estimated slower"
     res = api.optimize("mlp", output=tmp_path / "t.onnx", prepass=("onnxslim",), search="none",
                        time_limit=60)
-    dropped = [r for r in res.prepasses if r["name"] == "(all)"]
-    assert dropped and dropped[0]["detail"].startswith("dropped: estimated slower")
-    assert "pre-pass" in res.guard["estimated_speedups"]
+    dropped = [r for r in res.prepasses if r.name == "(all)"]
+    assert dropped and dropped[0].detail.startswith("dropped: estimated slower")
+    assert "pre-pass" in res.guard.estimated_speedups
 
 
 def test_a_candidate_clearly_behind_the_leader_stops_being_timed() -> None:

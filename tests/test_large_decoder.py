@@ -34,6 +34,6 @@ def test_tiny_lora_decoder_merged_by_default_optimize(tmp_path) -> None:  # noqa
     res = optimize(original, output=written)  # the defaults: pre-passes, search, verify, guard
     assert res.verified
     merges = res.prepasses[0]
-    assert merges["name"] == "exact merges" and merges["detail"].startswith(f"{len(adapters)} low-rank adapters")
+    assert merges.name == "exact merges" and merges.detail.startswith(f"{len(adapters)} low-rank adapters")
     # whichever candidate the guard wrote, no adapter is left unmerged in it
     assert _matmuls(onnx.load(str(written))) <= _matmuls(limit)

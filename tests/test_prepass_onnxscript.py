@@ -48,8 +48,8 @@ def test_a_rejected_output_is_a_dropped_pass(monkeypatch, tmp_path):
     assert out is model and not reports[0].applied and "cannot load" in reports[0].detail
     res = optimize("mlp", prepass=["onnxslim", "onnxscript"], output=str(tmp_path / "out.onnx"), time_limit=20)
     assert res.verified
-    report = {r["name"]: r for r in res.prepasses}["onnxscript"]
-    assert not report["applied"] and report["detail"].startswith("dropped: ")
+    report = {r.name: r for r in res.prepasses}["onnxscript"]
+    assert not report.applied and report.detail.startswith("dropped: ")
 
 
 def test_onnxscript_prepass_fuses_a_bert_layer_and_verifies(tmp_path):
@@ -62,6 +62,6 @@ def test_onnxscript_prepass_fuses_a_bert_layer_and_verifies(tmp_path):
     res = optimize(str(src), prepass=["onnxslim", "onnxscript"], output=str(tmp_path / "out.onnx"), force=True,
                    time_limit=30)
     assert res.verified and res.max_abs_err < 1e-3
-    report = {r["name"]: r for r in res.prepasses}["onnxscript"]
-    assert report["applied"], report
-    assert "skip_layer_normalization" in report["detail"] and report["nodes_after"] < report["nodes_before"]
+    report = {r.name: r for r in res.prepasses}["onnxscript"]
+    assert report.applied, report
+    assert "skip_layer_normalization" in report.detail and report.nodes_after < report.nodes_before

@@ -218,7 +218,7 @@ def test_prepasses_fuse_what_the_runtime_does_not(tmp_path):
 
     path = deploy_models.cached_export("gpt", "tiny", "torchscript", tmp_path)
     res = optimize(str(path), target="ort-cpu", output=tmp_path / "gpt.xrl.onnx")
-    applied = {p["name"] for p in res.prepasses if p["applied"]}
+    applied = {p.name for p in res.prepasses if p.applied}
     assert "ort-transformers" in applied and res.verified and res.speedup > 1.05
     ops = collections.Counter(n.op_type for n in onnx.load(tmp_path / "gpt.xrl.onnx").graph.node)
     assert ops["FastGelu"] == 2 and ops["Tanh"] == 0

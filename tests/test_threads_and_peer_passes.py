@@ -65,7 +65,7 @@ def test_all_threads_reach_the_kernel_costs_the_guard_and_the_report(measured_de
     res = api.optimize(str(src), threads=2, time_limit=TIME_LIMIT)
     assert res.threads == 2 and "2 threads" in res.cost_model
     assert res.to_json()["threads"] == 2
-    assert all("threads=2" in c["cost_model"] for c in res.guard["candidates"].values())
+    assert all("threads=2" in c.cost_model for c in res.guard.measured.values())
 
 
 def test_the_guard_times_onnxscripts_fusions_beside_the_target_pre_passes(measured_defaults, tmp_path: Path,
@@ -86,11 +86,11 @@ def test_the_guard_times_onnxscripts_fusions_beside_the_target_pre_passes(measur
     monkeypatch.setattr(starts, "measured_slower", lambda graph, original, timer, rounds: None)
     out = tmp_path / "fused.onnx"
     res = api.optimize(str(src), output=out, time_limit=TIME_LIMIT)
-    assert res.guard["chosen"] == chosen_label and res.verified
+    assert res.guard.chosen == chosen_label and res.verified
     written = onnx.load(out)
     assert [n.op_type for n in written.graph.node].count("SkipLayerNormalization") == 1
-    report = next(r for r in res.prepasses if r["name"] == "onnxscript")
-    assert report["applied"] and "the guard times" in report["detail"]
+    report = next(r for r in res.prepasses if r.name == "onnxscript")
+    assert report.applied and "the guard times" in report.detail
     # the written file computes what the original computes, under onnxruntime
     import onnxruntime as ort
 
@@ -104,8 +104,8 @@ def test_the_guard_times_onnxscripts_fusions_beside_the_target_pre_passes(measur
 def test_an_explicit_pre_pass_list_adds_no_peer(measured_defaults, tmp_path: Path) -> None:
     src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
     res = api.optimize(str(src), prepass=["onnxslim"], time_limit=TIME_LIMIT)
-    assert not any(r["name"] == "onnxscript" for r in res.prepasses)
-    assert "pre-pass onnxscript" not in res.guard["candidates"]
+    assert not any(r.name == "onnxscript" for r in res.prepasses)
+    assert "pre-pass onnxscript" not in res.guard.measured
 
 
 def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(measured_defaults, tmp_path: Path,
@@ -125,9 +125,9 @@ def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(me
     monkeypatch.setattr(guard, "measure_guard", prefer_it)
     out = tmp_path / "o.onnx"
     res = api.optimize(str(src), output=out, time_limit=TIME_LIMIT)
-    assert api.SEARCH_WITHOUT_PREPASSES in res.guard["candidates"] and res.verified
-    assert any("the search ran from both" in r["detail"] for r in res.prepasses if r["name"] == "(all)")
-    assert res.guard["chosen"] == api.SEARCH_WITHOUT_PREPASSES
+    assert api.SEARCH_WITHOUT_PREPASSES in res.guard.measured and res.verified
+    assert any("the search ran from both" in r.detail for r in res.prepasses if r.name == "(all)")
+    assert res.guard.chosen == api.SEARCH_WITHOUT_PREPASSES
     # nothing of the pre-passes' (SkipLayerNormalization) in the file the search without them wrote
     assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
 
@@ -137,7 +137,7 @@ def test_where_the_pre_passes_do_not_measure_slower_one_search_runs(measured_def
     src = skip_layernorm_model(tmp_path / "skip_ln.onnx")
     monkeypatch.setattr(starts, "measured_slower", lambda graph, original, timer, rounds: None)
     res = api.optimize(str(src), time_limit=TIME_LIMIT)
-    assert api.SEARCH_WITHOUT_PREPASSES not in res.guard["candidates"]
+    assert api.SEARCH_WITHOUT_PREPASSES not in res.guard.measured
 
 
 def test_a_start_identical_to_the_original_is_not_measured_slower() -> None:
@@ -156,8 +156,8 @@ def test_a_start_identical_to_the_original_is_not_measured_slower() -> None:
 def test_adapters_are_merged_before_the_pre_passes_and_counted_as_rewrites(tmp_path: Path) -> None:
     """lora_mlp's adapters are merged first (xrl.search.exact_first); the pre-passes see the merged model."""
     res = api.optimize("lora_mlp", output=tmp_path / "m.onnx", prepass=("onnxslim",), search="none")
-    merges = next(r for r in res.prepasses if r["name"] == "exact merges")
-    assert merges["applied"] and merges["nodes_after"] < merges["nodes_before"]
+    merges = next(r for r in res.prepasses if r.name == "exact merges")
+    assert merges.applied and merges.nodes_after < merges.nodes_before
     assert res.rewrites >= 1 and all(s.startswith("merge_lowrank_") for s in res.steps)
     assert res.verified
 

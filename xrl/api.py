@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -29,6 +29,11 @@ from xrl.frontends.loader import LoadedModel, load_model
 from xrl.ir import Graph
 from xrl.rewrite.rules import with_rule_set
 from xrl.search.registry import get_search, register_search, run_search
+
+if TYPE_CHECKING:
+    from xrl.cost.guard import GuardResult, OriginalMeasurement
+    from xrl.cost.speedup import MeasuredSpeedup
+    from xrl.frontends.prepass import PassReport
 
 # register_search and run_search are re-exported for the API's users (docs/architecture.md); they and the
 # table of searches live in xrl.search.registry
@@ -57,16 +62,13 @@ class OptimizeResult:
     target: str = ""
     threads: int | None = 1  # the onnxruntime intra-op threads it was optimised and measured for (None: all)
     estimate: bool = True  # the costs are estimates (an analytic model), not timings
-    prepasses: list[dict[str, Any]] = field(default_factory=list)
+    prepasses: list[PassReport] = field(default_factory=list)  # each pre-pass's report, and the deployment's notes
     steps: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, Any] | None = None  # `measure_speedup(...).to_json()` when asked to measure
+    # The written file against the original, measured (by the guard or --measure); None: unmeasured
+    measured: MeasuredSpeedup | OriginalMeasurement | None = None
     # The measured guard (`xrl.cost.guard`): what it timed, what it chose and why; None when it did not run
-    guard: dict[str, Any] | None = None
-    # The written file against the original, measured (by the guard or --measure): top-level for --json
-    measured_speedup: float | None = None
-    measured_interval: list[float] | None = None
-    verdict: str | None = None  # faster | slower | within noise | too noisy to tell; None: unmeasured
+    guard: GuardResult | None = None
     cost_report: dict[str, Any] | None = None  # the measured kernel cost's cache hits and measuring time
     # Target paper only: the estimate of the searched graph, whose fused kernels the written file cannot
     # express (the figure TASO, Tensat and X-RLflow report); `speedup` is the file's
@@ -87,9 +89,30 @@ class OptimizeResult:
             self.written_model = materialize(*self.written_model)
         return self.written_model
 
+    @property
+    def measured_speedup(self) -> float | None:
+        return self.measured.speedup if self.measured is not None else None
+
+    @property
+    def measured_interval(self) -> list[float] | None:
+        return list(self.measured.interval) if self.measured is not None else None
+
+    @property
+    def verdict(self) -> str | None:
+        """faster | slower | within noise | too noisy to tell; None: unmeasured."""
+        return self.measured.verdict if self.measured is not None else None
+
     def to_json(self) -> dict[str, Any]:
+        """The one flat form (--json): the typed reports as their own `to_json()`s."""
+        typed = {"prepasses": [p.to_json() for p in self.prepasses],
+                 "measured": self.measured.to_json() if self.measured is not None else None,
+                 "guard": self.guard.to_json() if self.guard is not None else None,
+                 "measured_speedup": self.measured_speedup, "measured_interval": self.measured_interval,
+                 "verdict": self.verdict}
         # field by field: asdict would deep-copy the model, weights and all, only to drop it
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "written_model"}
+        plain = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
+                 if f.name != "written_model" and f.name not in typed}
+        return {**plain, **typed}
 
 
 def check_output_path(output: str | Path, source: Path | None, *, force: bool) -> Path:
@@ -244,9 +267,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
         output=str(out_path) if out_path else None, original_nodes=st.original_nodes,
         optimized_nodes=len(w.head.graph.node), steps=w.steps, details=sr.details, measured=measured,
         target=tgt.name, threads=threads, estimate=not cost_model.measured, prepasses=st.reports, guard=w.guard,
-        measured_speedup=measured["speedup"] if measured else None,
-        measured_interval=list(measured["interval95"]) if measured else None,
-        verdict=measured["verdict"] if measured else None, cost_report=report, stage_seconds=clock.seconds,
+        cost_report=report, stage_seconds=clock.seconds,
         written_model=(w.head, w.weights) if w.weights else w.head,
         searched_speedup=original_cost / searched_cost if searched_cost else None)
 

@@ -6,8 +6,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xrl.cli.output import format_table, human_count, human_seconds, print_json
+
+if TYPE_CHECKING:
+    from xrl.cost.speedup import MeasuredSpeedup
 
 COST_CHOICES = ("target", "roofline", "analytic", "ort", "op", "e2e", "cuda")
 
@@ -284,15 +288,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def measured_line(m: dict) -> str:
-    """One line for a `MeasuredSpeedup.to_json()`: both medians, the ratio, the verdict, the rounds."""
-    rounds = ", ".join(f"{r:.3f}" for r in m["round_speedups"])
-    control = m.get("control_interval95")
+def measured_line(m: MeasuredSpeedup) -> str:
+    """One line for a measured speed-up: both medians, the ratio, the verdict, the rounds."""
+    rounds = ", ".join(f"{r:.3f}" for r in m.round_speedups)
+    control = m.control
     aa = f"; A/A control of the original [95% {control[0]:.3f}-{control[1]:.3f}]" if control else ""
-    return (f"measured under {m['cost_model']}: {human_seconds(m['before_s'])} (CV {m['before_cv']:.1%}) -> "
-            f"{human_seconds(m['after_s'])} (CV {m['after_cv']:.1%}), {m['speedup']:.3f}x "
-            f"[95% {m['interval95'][0]:.3f}-{m['interval95'][1]:.3f}]{aa}: {m['verdict']}"
-            f"{' (the same graph)' if m.get('identical') else ''} ({len(m['round_speedups'])} rounds: {rounds})")
+    low, high = m.interval
+    return (f"measured under {m.cost_model}: {human_seconds(m.before.median_s)} (CV {m.before.cv:.1%}) -> "
+            f"{human_seconds(m.after.median_s)} (CV {m.after.cv:.1%}), {m.speedup:.3f}x "
+            f"[95% {low:.3f}-{high:.3f}]{aa}: {m.verdict}"
+            f"{' (the same graph)' if m.identical else ''} ({len(m.round_speedups)} rounds: {rounds})")
 
 
 def parse_threads(text: str) -> int | None:
@@ -375,32 +380,35 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         print(f"the searched graph: {res.searched_speedup:.3f}x estimated in the research setting, with fused "
               f"kernels the written file lowers back to plain ops")
     for r in res.prepasses:
-        if r["applied"]:
-            print(f"pre-pass {r['name']}: {r['nodes_before']} -> {r['nodes_after']} ops"
-                  f"{'; ' + r['detail'] if r['detail'] else ''}")
-        elif r["detail"] and (r["detail"].startswith("dropped") or r.get("timed_out")):  # stopped by its limit
-            print(f"pre-pass {r['name']} {r['detail']}")
+        if r.applied:
+            print(f"pre-pass {r.name}: {r.nodes_before} -> {r.nodes_after} ops{'; ' + r.detail if r.detail else ''}")
+        elif r.detail and (r.detail.startswith("dropped") or r.timed_out):  # stopped by its limit
+            print(f"pre-pass {r.name} {r.detail}")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
-    if res.guard is not None and not res.guard["candidates"]:
-        print(f"guard: nothing to time: {res.guard['reason']}")
+    if res.guard is not None and not res.guard.measured:
+        print(f"guard: nothing to time: {res.guard.reason}")
     elif res.guard is not None:
-        timed = ", ".join(res.guard["candidates"])
+        timed = ", ".join(res.guard.measured)
         at = "all threads" if res.threads is None else f"{res.threads} thread{'s' if res.threads != 1 else ''}"
-        print(f"guard: timed the original, an A/A copy and {timed} end to end at {at} ({res.guard['rounds']} "
-              f"rounds, {res.guard['time_s']:.1f} s); {res.guard['reason']}")
+        print(f"guard: timed the original, an A/A copy and {timed} end to end at {at} ({res.guard.rounds} "
+              f"rounds, {res.guard.time_s:.1f} s); {res.guard.reason}")
     elif res.target != "paper":
         print("guard: off (--no-guard): the written model was not measured against the original")
+    from xrl.cost.speedup import MeasuredSpeedup
+
+    # a timing of its own (not the original's report of the A/A control)
+    timed_itself = res.measured if isinstance(res.measured, MeasuredSpeedup) else None
     if args.measure and res.guard is not None:  # every candidate the guard timed, with its interval
-        for label, m in res.guard["candidates"].items():
+        for label, m in res.guard.measured.items():
             print(f"{label}: {measured_line(m)}")
-    elif res.measured and "round_speedups" in res.measured:
-        print(measured_line(res.measured))
-    if res.measured and "round_speedups" in res.measured:
-        if res.measured["verdict"] == "too noisy to tell":
+    elif timed_itself is not None:
+        print(measured_line(timed_itself))
+    if timed_itself is not None:
+        if timed_itself.verdict == "too noisy to tell":
             print(f"xrl: warning: this machine was too noisy to resolve a 3% effect: identical work measured up to "
-                  f"{res.measured['noise']:.1%} apart in this run; measure again when it is quieter, or with "
+                  f"{timed_itself.noise:.1%} apart in this run; measure again when it is quieter, or with "
                   f"more --measure-repeats", file=sys.stderr)
-        if res.measured["verdict"] == "slower":
+        if timed_itself.verdict == "slower":
             advice = ("search under measured cost (--cost e2e) instead" if args.cost in ("target", "analytic", "op")
                       else "the search's own timings did not hold up; keep the original model")
             if args.cost in ("target", "analytic") and args.device not in (None, "auto", "cuda"):
@@ -410,7 +418,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                     advice = (f"it was optimised for the {args.device} profile, not this machine: leave out "
                               f"--device to optimise for this one, or {advice}")
             print(f"xrl: warning: the optimised model ran slower on this machine than the original "
-                  f"({res.measured['speedup']:.3f}x) under {res.measured['cost_model']}; {advice}", file=sys.stderr)
+                  f"({timed_itself.speedup:.3f}x) under {timed_itself.cost_model}; {advice}", file=sys.stderr)
     if res.stage_seconds:  # where the wall time went, one line
         print("stages: " + ", ".join(f"{k} {v:.2f} s" for k, v in res.stage_seconds.items()))
     if res.output:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xrl.cost.base import CostModel, Measurement
@@ -50,6 +50,45 @@ class GuardCandidate:
 
 
 @dataclass(frozen=True)
+class OriginalMeasurement:
+    """What is reported when the original itself is written: speed-up 1 (the same file), with the A/A
+    control's interval (identical work measured in this run) and its verdict; the fields a
+    `MeasuredSpeedup` reports (`speedup`, `interval`, `verdict`, `noise`, `cost_model`)."""
+
+    control: tuple[float, float] | None  # the A/A control's 95% interval; None where nothing was timed
+    cost_model: str = "guard"
+    speedup: float = 1.0
+    identical: bool = True
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return self.control if self.control is not None else (1.0, 1.0)
+
+    @property
+    def noise(self) -> float | None:
+        c = self.control
+        return max(c[1] - 1, 1 - c[0]) if c is not None else None
+
+    @property
+    def verdict(self) -> str:
+        noise = self.noise
+        return "too noisy to tell" if noise is not None and noise > RESOLUTION else "within noise"
+
+    @property
+    def note(self) -> str:
+        if self.control is None:
+            return "the original itself was written; nothing was timed"
+        return ("the original itself was written; its interval is the A/A control's (identical work measured in "
+                "this run)")
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.control
+        return {"cost_model": self.cost_model, "speedup": self.speedup, "interval95": list(self.interval),
+                "verdict": self.verdict, "identical": True, "control_interval95": list(c) if c else None,
+                "noise": self.noise, "note": self.note}
+
+
+@dataclass(frozen=True)
 class GuardResult:
     chosen: str  # a candidate's label, or ORIGINAL
     reason: str
@@ -58,6 +97,8 @@ class GuardResult:
     time_s: float
     control_speedups: tuple[float, ...] = ()  # the A/A control's per-round ratios (original / its copy)
     settled: str = ""  # why the rounds stopped
+    # label -> the cost model's estimated speed-up of that candidate (set by the deployment's guard stage)
+    estimated_speedups: dict[str, float] = field(default_factory=dict)
 
     def speedup_of(self, label: str) -> MeasuredSpeedup | None:
         return self.measured.get(label)
@@ -67,27 +108,21 @@ class GuardResult:
         """The A/A control's 95% interval (None where nothing was timed)."""
         return ratio_interval(self.control_speedups) if self.control_speedups else None
 
-    def original_measurement(self) -> dict[str, Any]:
-        """What is reported when the original itself is written: speed-up 1 (the same file), with the A/A
-        control's interval (identical work measured in this run) and its verdict."""
-        c = self.control
-        if c is None:
-            return {"cost_model": "guard", "speedup": 1.0, "interval95": [1.0, 1.0], "verdict": "within noise",
-                    "identical": True, "control_interval95": None, "noise": None,
-                    "note": "the original itself was written; nothing was timed"}
-        noise = max(c[1] - 1, 1 - c[0])
-        return {"cost_model": "guard", "speedup": 1.0, "interval95": [c[0], c[1]],
-                "verdict": "too noisy to tell" if noise > RESOLUTION else "within noise", "identical": True,
-                "control_interval95": [c[0], c[1]], "noise": noise,
-                "note": "the original itself was written; its interval is the A/A control's (identical work "
-                        "measured in this run)"}
+    def original_measurement(self) -> OriginalMeasurement:
+        """What is reported when the original itself is written (`OriginalMeasurement`)."""
+        return OriginalMeasurement(self.control)
+
+    def written_measurement(self) -> MeasuredSpeedup | OriginalMeasurement:
+        """The measurement of what is written: the chosen candidate's, or the original's."""
+        return self.original_measurement() if self.chosen == ORIGINAL else self.measured[self.chosen]
 
     def to_json(self) -> dict[str, Any]:
         c = self.control
         return {"chosen": self.chosen, "reason": self.reason, "rounds": self.rounds, "time_s": round(self.time_s, 3),
                 "settled": self.settled, "control_interval95": list(c) if c else None,
-                "original": self.original_measurement(),
-                "candidates": {k: v.to_json() for k, v in self.measured.items()}}
+                "original": self.original_measurement().to_json(),
+                "candidates": {k: v.to_json() for k, v in self.measured.items()},
+                "estimated_speedups": dict(self.estimated_speedups)}
 
 
 def writable(m: MeasuredSpeedup) -> bool:

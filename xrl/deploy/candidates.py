@@ -7,50 +7,18 @@ dispatches on its label.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import onnx
-
-from xrl.cost.guard import GuardCandidate
+from xrl.frontends.prepass import PassReport
 from xrl.ir import Graph
+
+# the record and its export live with the searches: `xrl compare` makes its files the same way
+from xrl.search.exported import Candidate, exported
 
 if TYPE_CHECKING:
     from xrl.deploy.deployment import Deployment
     from xrl.deploy.search import Searched
     from xrl.deploy.starts import Starts
-
-
-@dataclass
-class Candidate:
-    label: str  # the guard's name for it: "search", "pre-pass", "pre-pass onnxslim", a search's label, ...
-    graph: Graph  # the graph its file is exported from
-    written: Graph  # that file read back: what the guard times and the reported cost is taken of
-    head: onnx.ModelProto  # the file: a head whose weights are `weights` (the graph's own arrays, not copies)
-    weights: dict[str, Any]
-    steps: list[Any] = field(default_factory=list)  # its rewrites, from the original
-    # a pre-pass report to add where this one is written (the pre-passes' result dropped by the estimate
-    # and kept by the measurement says so)
-    note: dict[str, Any] | None = None
-
-    def guard(self) -> GuardCandidate:
-        return GuardCandidate(self.label, self.written)
-
-
-def exported(label: str, graph: Graph, steps: list[Any], ref: Any = None, *, head: onnx.ModelProto | None = None,
-             weights: dict[str, Any] | None = None, check: bool = True) -> Candidate | None:
-    """`graph` as a candidate: its file exported (unless given, `head` and `weights`) and read back; None
-    where, with `check`, that file does not compute what the original does (`ref`: the original's outputs)."""
-    from xrl.frontends.onnx_io import from_onnx, to_onnx
-    from xrl.frontends.verify import compare_models
-
-    if head is None:
-        weights = {}
-        head = to_onnx(graph, external=weights)
-    weights = weights if weights is not None else {}
-    if check and not compare_models(ref, head, external=weights).ok:
-        return None
-    return Candidate(label, graph, from_onnx(head, name=graph.name, external=weights), head, weights, list(steps))
 
 
 def chosen(candidates: list[Candidate], label: str) -> Candidate | None:
@@ -89,8 +57,8 @@ def guard_candidates(search: str, st: Starts, sr: Searched, dep: Deployment, *, 
     prepassed, base, merged, ref = st.prepassed, st.base, st.merged, st.ref
     note = None
     if sr.start is not prepassed:  # dropped by the estimate, kept by the measurement: say so if written
-        note = {"name": "(all)", "applied": True, "nodes_before": st.original_nodes, "nodes_after": len(prepassed),
-                "detail": "kept after all: the guard measured the pre-passes' result fastest"}
+        note = PassReport("(all)", True, st.original_nodes, len(prepassed),
+                          "kept after all: the guard measured the pre-passes' result fastest")
     pre = [c for c in ([exported("pre-pass", prepassed, merged, ref)] if prepassed is not base else [])
            if c is not None]
     for c in pre:

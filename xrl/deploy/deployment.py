@@ -24,12 +24,12 @@ def measure_model(engine: str = "auto", device: str | None = None, *, repeats: i
                   threads: int | None = 1) -> CostModel:
     """The end-to-end timer `optimize(measure=...)` uses. `device` is "cpu" or "cuda"; anything else
     (a device profile of the analytic model, None) means the device this machine has."""
-    from xrl.cost.e2e import E2ECostModel
-
     if engine not in MEASURE_ENGINES:
         raise XrlError(f"unknown measurement engine {engine!r}; choose one of {', '.join(MEASURE_ENGINES)}")
     where = device if device in ("cpu", "cuda") else "auto"
-    return E2ECostModel(device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads, cache=False)
+    # never a cached timing: each call is a fresh measurement (the guard's and --measure's rounds)
+    return get_cost_model("e2e", device=where, engine=engine, warmup=warmup, repeats=repeats, threads=threads,
+                          cache=False)
 
 
 @dataclass

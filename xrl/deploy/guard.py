@@ -7,17 +7,23 @@ the original itself when every one does; the winner carries its own file and rew
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from xrl.deploy.candidates import Candidate, chosen
+from xrl.deploy.candidates import chosen
 from xrl.deploy.deployment import Deployment
 from xrl.deploy.starts import Starts
 from xrl.errors import VerificationError
 from xrl.frontends.loader import LoadedModel
+from xrl.frontends.prepass import PassReport
 from xrl.ir import Graph
+from xrl.search.exported import Candidate
+
+if TYPE_CHECKING:
+    from xrl.cost.guard import GuardResult, OriginalMeasurement
+    from xrl.cost.speedup import MeasuredSpeedup
 
 
 @dataclass
@@ -28,8 +34,8 @@ class Written:
     weights: dict[str, Any] | None
     steps: list[Any]
     max_abs_err: float  # its verification against the original's outputs
-    guard: dict[str, Any] | None = None  # the guard's report (`GuardResult.to_json()` and the estimates)
-    note: dict[str, Any] | None = field(default=None)  # a pre-pass report to add (`Candidate.note`)
+    guard: GuardResult | None = None  # the guard's report, with the cost model's estimates of its candidates
+    note: PassReport | None = field(default=None)  # a pre-pass report to add (`Candidate.note`)
 
     @classmethod
     def of(cls, c: Candidate, max_abs_err: float) -> Written:
@@ -45,7 +51,6 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
     from xrl.frontends.verify import compare_models
 
     g = measure_guard(dep.guard_timer(), loaded.graph, [c.guard() for c in candidates], **options)
-    report = g.to_json()
     winner = chosen(candidates, g.chosen)
     if winner is None:  # the original: the user's model, as loaded (checked again before it is written)
         if st.original_head is not None:
@@ -62,22 +67,20 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
     else:  # the winner carries its own file and rewrites
         out = Written.of(winner, max_abs_err)
     cost = dep.cost_model.cost
-    report["estimated_speedups"] = {c.label: original_cost / cost(c.written) for c in candidates}
-    out.guard = report
+    out.guard = replace(g, estimated_speedups={c.label: original_cost / cost(c.written) for c in candidates})
     return out
 
 
 def measured_of(w: Written, loaded: LoadedModel, dep: Deployment, measure: str | None, *, rounds: int,
-                max_rounds: int) -> dict[str, Any] | None:
+                max_rounds: int) -> MeasuredSpeedup | OriginalMeasurement | None:
     """The written file against the original, measured: the guard's timing of it where the guard ran (the
     original's own: speed-up 1, the A/A control's interval and verdict), else with `measure` (an e2e engine)
     a timing of its own, with an A/A control of the original in every round; None when neither."""
     if w.guard is not None:
-        chosen_label = w.guard["chosen"]
-        return w.guard["original"] if chosen_label == "original" else w.guard["candidates"][chosen_label]
+        return w.guard.written_measurement()
     if measure is None:
         return None
     from xrl.cost.speedup import measure_speedup
 
     return measure_speedup(dep.measure_timer(measure), loaded.graph, w.written, rounds=rounds, control=True,
-                           max_rounds=max_rounds).to_json()
+                           max_rounds=max_rounds)

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xrl.deploy.candidates import Candidate
-from xrl.deploy.candidates import exported as exported_candidate
 from xrl.deploy.deployment import Deployment
 from xrl.deploy.starts import Starts
 from xrl.errors import VerificationError
+from xrl.frontends.prepass import PassReport
 from xrl.ir import Graph
+from xrl.search.exported import Candidate
+from xrl.search.exported import exported as exported_candidate
 from xrl.search.registry import run_search
 
 SEARCH_WITHOUT_PREPASSES = "search without the pre-passes"  # the guard's label for it (where they measure slower)
@@ -58,14 +59,14 @@ def search_stage(search: str, st: Starts, dep: Deployment, *, seed: int, steps: 
         if check.ok or start is base:
             break
         # a pre-pass changed what the model computes (beyond float32 tolerance): search without them
-        st.reports.append({"name": "(all)", "applied": False,
-                           "detail": f"dropped: failed verification ({check.detail})"})
+        st.reports.append(PassReport("(all)", False, len(start), len(start),
+                                     f"dropped: failed verification ({check.detail})"))
         start = base
     others: list[Candidate] = []
     if st.pre_slower is not None and start is not base:
-        st.reports.append({"name": "(all)", "applied": True, "nodes_before": st.original_nodes,
-                           "nodes_after": len(start), "detail": f"measured {st.pre_slower:.3f}x what they were "
-                           f"given: the search ran from both"})
+        st.reports.append(PassReport("(all)", True, st.original_nodes, len(start),
+                                     f"measured {st.pre_slower:.3f}x what they were given: the search ran from "
+                                     f"both"))
         cost_model.deadline = time.monotonic() + (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
         too = run_search(search, base, cost_model, seed=seed, steps=steps, time_limit=time_limit,
                          options=options or {})

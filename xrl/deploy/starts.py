@@ -8,7 +8,7 @@ original's outputs every candidate is verified against; one typed `Starts` value
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
@@ -16,7 +16,7 @@ import onnx
 from xrl.cost.base import CostModel
 from xrl.deploy.deployment import Deployment
 from xrl.frontends.loader import LoadedModel
-from xrl.frontends.prepass import guard_peer_passes
+from xrl.frontends.prepass import PassReport, guard_peer_passes
 from xrl.ir import Graph
 
 # The pre-passes' result is dropped when its estimate is this much above the original's
@@ -42,7 +42,7 @@ class Starts:
     original_weights: dict[str, Any] | None
     ref: Any  # the original's outputs on the verification inputs
     pre_slower: float | None  # the pre-passes' result's measured speed-up where it measured slower
-    reports: list[dict[str, Any]] = field(default_factory=list)  # PassReport.to_json()s and notes
+    reports: list[PassReport] = field(default_factory=list)  # each pass's, and the deployment's notes
     peers: list[tuple[str, Graph]] = field(default_factory=list)  # (label, graph) of each peer pass alone
 
 
@@ -82,8 +82,8 @@ def starts(loaded: LoadedModel, dep: Deployment, chain: Sequence[str], *, peers_
     prepassed = start
     # within the estimate's resolution (a bias read as a Gemm input or an Add's) the peers' form is kept
     if start is not base and dep.cost_model.cost(start) > dep.cost_model.cost(base) * (1 + PREPASS_TOLERANCE):
-        reports.append({"name": "(all)", "applied": False,
-                        "detail": "dropped: estimated slower than what they were given"})
+        reports.append(PassReport("(all)", False, len(start), len(start),
+                                  "dropped: estimated slower than what they were given"))
         start = base
     # The estimate proposes the pre-passes' result as the start; the machine decides. Where it measures slower
     # than what they were given (lora_vit: onnxruntime's transformers optimizer, 0.90x on one thread), the
@@ -108,7 +108,7 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
     from xrl.frontends.onnx_io import to_onnx
 
     base, source, merged = original_graph, original, []
-    reports: list[dict[str, Any]] = []
+    reports: list[PassReport] = []
     if chain:
         from xrl.search.exact_first import merge_first
 
@@ -116,18 +116,18 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
         if first.steps:
             base, merged = first.graph.validate(), list(first.steps)
             source = to_onnx(base)
-            reports.append({"name": "exact merges", "applied": True, "nodes_before": len(original_graph),
-                            "nodes_after": len(base), "detail": f"{len(merged)} low-rank adapters merged into their "
-                            f"layers' weights before the pre-passes"})
+            reports.append(PassReport("exact merges", True, len(original_graph), len(base),
+                                      f"{len(merged)} low-rank adapters merged into their layers' weights before "
+                                      f"the pre-passes"))
     start, chain_reports = _prepassed(base, source, chain, input_shapes, budget)
     reports += chain_reports
     peers: list[tuple[str, Graph]] = []
     # where a pass was the only one of the chain to change anything, the chain's result is its result alone
-    changed = {r["name"] for r in chain_reports if r["applied"]}
+    changed = {r.name for r in chain_reports if r.applied}
     for name in (p for p in GUARD_PEER_PASSES if not (changed <= {p} and p in chain)) if peers_wanted else ():
         peer, peer_reports = _prepassed(base, source, (name,), input_shapes, budget)  # a budget of its own
-        reports += [{**r, "detail": "; ".join(d for d in (r["detail"], "a candidate the guard times (not searched "
-                                                            "from)") if d)} for r in peer_reports]
+        reports += [replace(r, detail="; ".join(d for d in (r.detail, "a candidate the guard times (not searched "
+                                                                  "from)") if d)) for r in peer_reports]
         if peer is not base:
             peers.append((f"pre-pass {name}", peer))
     return base, merged, start, reports, peers
@@ -151,7 +151,7 @@ def measured_slower(graph: Graph, original: Graph, timer: CostModel, rounds: int
 
 def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
                input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
-               ) -> tuple[Graph, list[dict[str, Any]]]:
+               ) -> tuple[Graph, list[PassReport]]:
     """The IR graph the search starts from: `model` (whose IR graph is `base`) after the pre-passes
     (`xrl.frontends.prepass`), or `base` itself when none applies."""
     if not names:
@@ -166,5 +166,5 @@ def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
 
     out, reports = run_prepasses(model, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
-        return base, [r.to_json() for r in reports]
-    return imported[id(out)], [r.to_json() for r in reports]
+        return base, reports
+    return imported[id(out)], reports

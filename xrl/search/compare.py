@@ -175,8 +175,8 @@ def _report(progress: Progress | None, records: list[RunRecord], total: int) -> 
 
 def run_one(loaded, method: str, cost_model, original_cost: float, config: CompareConfig) -> RunRecord:
     """One method on one loaded graph, recomputed and verified."""
-    from xrl.frontends.onnx_io import from_onnx, to_onnx
     from xrl.frontends.verify import compare_models
+    from xrl.search.exported import exported
 
     graph = loaded.graph
     rec = RunRecord(loaded.source, method, STATUS_FAILED, original_cost=original_cost, original_nodes=len(graph))
@@ -193,15 +193,14 @@ def run_one(loaded, method: str, cost_model, original_cost: float, config: Compa
         outcome = run_search(method, graph, cost_model, seed=config.seed, steps=steps, time_limit=time_limit,
                              options=options)
         rec.time_s = time.perf_counter() - t0
-        best = outcome.graph.validate()
-        exported = to_onnx(best)
+        # the file as the deployment path makes it: exported once, read back (`xrl.search.exported`)
+        result = exported(method, outcome.graph.validate(), list(outcome.steps), check=False)
         # recomputed, never the method's own number: under an onnxruntime target, of the file as written
-        written = from_onnx(exported, name=graph.name) if _costs_the_file(cost_model) else best
-        rec.optimized_cost = cost_model.cost(written)
+        rec.optimized_cost = cost_model.cost(result.written if _costs_the_file(cost_model) else result.graph)
         rec.speedup = original_cost / rec.optimized_cost if rec.optimized_cost > 0 else math.nan
-        rec.rewrites = len(outcome.steps)
-        rec.optimized_nodes = len(exported.graph.node)
-        check = compare_models(loaded.reference, exported, seed=config.seed)
+        rec.rewrites = len(result.steps)
+        rec.optimized_nodes = len(result.head.graph.node)
+        check = compare_models(loaded.reference, result.head, external=result.weights, seed=config.seed)
     except Exception as e:  # noqa: BLE001 - one method's failure must not stop the comparison
         if math.isnan(rec.time_s):
             rec.time_s = time.perf_counter() - t0
