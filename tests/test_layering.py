@@ -2,8 +2,8 @@
 
 - No module imports a private name (`_x`) of another module.
 - No import cycle between modules (imports inside functions included; `if TYPE_CHECKING:` blocks are not
-  imports at run time and are left out). A lazy import by module name (`importlib.import_module`) is how the
-  search registry reaches its plug-ins: the checker cannot see it, and the registry's docstring says why.
+  imports at run time and are left out). The search registry reaches its plug-ins, xrl's RL searches among
+  them, through entry points declared in pyproject.toml, never by naming a module above it.
 - Every import runs down the layers (or stays within one): a lower layer never imports a higher one.
 """
 

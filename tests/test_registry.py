@@ -145,6 +145,32 @@ def test_a_plugin_that_does_not_import_is_reported_unavailable_by_compare(table,
     assert rec.status == "unavailable" and "xrl_no_such_plugin_module" in rec.error
 
 
+def test_a_search_provider_registers_its_rows_in_order_and_a_broken_one_only_warns(table, monkeypatch, tmp_path):
+    """xrl's RL searches reach the registry as a provider of the group `xrl.search_providers` (pyproject.toml):
+    the registry imports nothing above it, and "rl" and its ablations keep their order and descriptions."""
+    site = tmp_path / "site"
+    (site / "xrl_fake_provider-0.1.dist-info").mkdir(parents=True)
+    (site / "xrl_fake_provider-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: xrl-fake-provider\nVersion: 0.1\n")
+    (site / "xrl_fake_provider-0.1.dist-info" / "entry_points.txt").write_text(
+        f"[{registry.PROVIDER_GROUP}]\nbroken = xrl_no_such_provider_module:register\n"
+        "fake = xrl_fake_provider_module:register\n")
+    (site / "xrl_fake_provider_module.py").write_text(
+        "from xrl.search.registry import register_search\n\n\n"
+        "def register():\n"
+        "    for name in ('zz-second', 'aa-third'):\n"
+        "        register_search(name, lambda *a, **k: None, description=name, replace=False)\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "xrl_fake_provider_module", raising=False)
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    with pytest.warns(UserWarning, match="xrl_no_such_provider_module"):
+        names = registry.search_names()
+    assert names.index("zz-second") + 1 == names.index("aa-third")  # the provider's order, not sorted
+    rl = names.index("rl")
+    assert names[rl:rl + 5] == ("rl", "rl-untrained", "rl-uniform", "rl-cost", "rl-argmax")
+    assert registry.get_search("rl").description.startswith("a trained policy")
+
+
 def test_listing_the_searches_imports_no_training_code():
     """`--search rl --policy FILE.onnx` runs without xrl.rl (tests/test_policy_export.py): the registry's
     first lookup must not import it."""

@@ -128,7 +128,6 @@ def test_the_policys_loading_does_not_eat_greedys_share_of_the_time_limit(monkey
     """The pipeline's enumeration deadline counts from the run's start; loading torch and the policy took 4-5 s of
     a fresh process's 5 s and left greedy inside `--search rl` no time to enumerate (lora_tiny: 0 rewrites where
     greedy alone makes 2 in 1 s). Greedy now runs before the policy is loaded: a slow load costs it nothing."""
-    import xrl.policies.search_entry  # noqa: F401 - registers "rl"
     import xrl.rl.checkpoint as checkpoint
     from xrl.search.registry import run_search
 

@@ -1,7 +1,9 @@
-"""`--search rl` in the search registry (`xrl.search.registry`, which imports this module on its first
-lookup). It lives with the shipped policies rather than in `xrl.rl`: an exported .onnx policy runs without
-xrl's training code (tests/test_policy_export.py runs it with `xrl.rl` and torch_geometric blocked).
-Importing it loads neither torch nor a policy: the runner imports its code when it runs."""
+"""`--search rl` and its ablations, as rows of the search registry (`xrl.search.registry`): xrl's
+pyproject.toml declares `register_searches` in the entry-point group `xrl.search_providers`, which the
+registry reads on its first lookup, so the registry imports nothing of this layer. The rows live with the
+shipped policies rather than in `xrl.rl`: an exported .onnx policy runs without xrl's training code
+(tests/test_policy_export.py runs it with `xrl.rl` and torch_geometric blocked). Registering loads neither
+torch nor a policy: the runner imports its code when it runs."""
 
 from __future__ import annotations
 
@@ -20,11 +22,6 @@ def run_policy(*args: Any, **options: Any) -> SearchResult:
     return run(*args, **options)
 
 
-# replace=False: a runner registered as "rl" in code before the first lookup is kept
-register_search("rl", run_policy, description="a trained policy (the shipped one unless --policy says otherwise)",
-                requires=("xrl.rl.rl_search",), replace=False)
-
-
 def _rl_with(**preset: Any):  # noqa: ANN202 - a registry runner
     """`--search rl` with options preset (the caller's own options win)."""
 
@@ -37,9 +34,18 @@ def _rl_with(**preset: Any):  # noqa: ANN202 - a registry runner
 # Issue 24's ablations as searches of their own, so `xrl compare --methods rl,rl-untrained,rl-uniform,rl-cost,
 # rl-argmax` runs them beside the other searches on a user's graphs: the same guided search under another prior
 # (xrl.rl.priors), or the trained policy's argmax rollout alone.
-for _name, _preset, _what in (
-        ("rl-untrained", {"prior": "untrained"}, "the guided search under the policy's network untrained (--seed)"),
-        ("rl-uniform", {"prior": "uniform"}, "the guided search under a uniform prior"),
-        ("rl-cost", {"prior": "cost"}, "the guided search under a softmax over each rewrite's estimated gain"),
-        ("rl-argmax", {"mode": "argmax"}, "the trained policy's argmax rollout alone")):
-    register_search(_name, _rl_with(**_preset), description=_what, requires=("xrl.rl.rl_search",), replace=False)
+ABLATIONS = (
+    ("rl-untrained", {"prior": "untrained"}, "the guided search under the policy's network untrained (--seed)"),
+    ("rl-uniform", {"prior": "uniform"}, "the guided search under a uniform prior"),
+    ("rl-cost", {"prior": "cost"}, "the guided search under a softmax over each rewrite's estimated gain"),
+    ("rl-argmax", {"mode": "argmax"}, "the trained policy's argmax rollout alone"),
+)
+
+
+def register_searches() -> None:
+    """The search provider (entry-point group `xrl.search_providers`): "rl" and its ablations. replace=False:
+    a runner registered under one of these names in code before the registry's first lookup is kept."""
+    register_search("rl", run_policy, description="a trained policy (the shipped one unless --policy says otherwise)",
+                    requires=("xrl.rl.rl_search",), replace=False)
+    for name, preset, what in ABLATIONS:
+        register_search(name, _rl_with(**preset), description=what, requires=("xrl.rl.rl_search",), replace=False)

@@ -10,21 +10,23 @@ search is named and listed in `--help` and in errors. The built-in searches are 
 module and function name, imported on first use, so `xrl optimize --search greedy` never loads torch
 or egglog.
 
-Two more sources are read on the first lookup (`search_names`, `get_search`, `run_search`):
+Two sources outside this module are read on the first lookup (`search_names`, `get_search`, `run_search`),
+both declared as entry points in a distribution's metadata, so this package imports nothing above it:
 
-* `xrl.policies.search_entry`, where the RL search registers itself: it runs a trained policy (a
-  checkpoint through `xrl.rl`, an exported .onnx one through `xrl.policies.release`), so it belongs above
-  this package; importing it lazily keeps `xrl.search` free of an import of either at load time (the
-  dependency points downwards, from the policies to this registry). It is not in `xrl.rl`, so that a
-  release-mode policy runs without xrl's training code.
-* third-party plug-ins: entry points of the group `xrl.searches` (`name = "module:attr"`), whose
-  object is a runner or a `SearchEntry`. Their names are listed from the metadata alone; the module is
-  imported when the search first runs. A name registered in code wins over a plug-in of the same name.
+* search providers: the group `xrl.search_providers` (`name = "module:function"`), each a function that
+  registers its searches (`register_search(..., replace=False)`), called once in the order the group lists
+  them. xrl's own RL searches come in this way (xrl's pyproject.toml: `xrl.policies.search_entry:
+  register_searches`): they run a trained policy, a checkpoint through `xrl.rl` or an exported .onnx one
+  through `xrl.policies.release`, so their code sits above this package.
+* single searches: the group `xrl.searches` (`name = "module:attr"`), whose object is a runner or a
+  `SearchEntry`. Their names are listed from the metadata alone; the module is imported when the search
+  first runs. A name registered in code (or by a provider) wins over a plug-in of the same name.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,8 +38,7 @@ from xrl.search.result import SearchResult
 from xrl.teachers import register_teacher_runner
 
 ENTRY_POINT_GROUP = "xrl.searches"
-# The RL search's own module: imported on the first lookup, see the module docstring
-RL_ENTRY_MODULE = "xrl.policies.search_entry"
+PROVIDER_GROUP = "xrl.search_providers"  # functions registering several searches (xrl's RL ones among them)
 
 Runner = Callable[..., SearchResult]
 
@@ -166,14 +167,21 @@ _register_builtins()
 
 
 def _load_plugins() -> None:
-    """The RL search's module and the entry-point group, once (see the module docstring for why lazily)."""
+    """The two entry-point groups, once (see the module docstring)."""
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    importlib.import_module(RL_ENTRY_MODULE)  # registers "rl" (without replacing a name registered in code)
     from importlib.metadata import entry_points
 
+    for ep in entry_points(group=PROVIDER_GROUP):
+        try:
+            register = ep.load()
+        except Exception as e:  # noqa: BLE001 - one broken provider must not take every other search with it
+            warnings.warn(f"search provider {ep.name} ({ep.value}) is not available: {type(e).__name__}: {e}",
+                          stacklevel=2)
+            continue
+        register()  # registers its searches, without replacing a name registered in code
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _SEARCHES:  # listed now, imported by get_search
             register_search(ep.name, _not_loaded, description=f"plug-in {ep.value}")
