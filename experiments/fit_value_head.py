@@ -12,6 +12,7 @@ what the network computes) and scored by explained variance on the held-out spli
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                   ev_heldout=ev_test)
     print(json.dumps(report))
     if args.out:
+        # the head was fitted on states read as an episode's start, in percent of their own cost: say so in the
+        # file, so the guided search reads it that way (xrl.nn.policy.PolicyConfig.value_unit)
+        net.cfg = dataclasses.replace(net.cfg, value_unit="state")
         ckpt = load_checkpoint(args.policy)
         meta = {**ckpt.get("metadata", {}), "value_head": {**report, "command": " ".join(sys.argv)}}
         save_checkpoint(Path(args.out), net.eval(), update=int(ckpt.get("update", 0)),

@@ -24,6 +24,8 @@ from xrl.features.metagraph import CAND_DIM, STATE_DIM, FeatureCache, MetaGraph
 from xrl.nn.distributions import GroupedCategorical
 from xrl.nn.encoders import EncoderConfig, GraphEncoder, mlp
 
+VALUE_UNITS = ("start", "state")
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -42,6 +44,10 @@ class PolicyConfig:
     # earned from there. The prior term reads the env's hints even where `use_hints` hides them from the net.
     residual_prior: bool = False
     prior_temperature: float = 1.0
+    # What the value head's number means (issue 32.3): "start", a PPO critic's return, in percent of the episode's
+    # starting cost; "state", the gain left from the state in percent of its own cost, read as if an episode began
+    # there (its state scalars at their reset values): experiments/fit_value_head.py's regression target.
+    value_unit: str = "start"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +67,8 @@ class GraphPolicy(nn.Module):
         self.encoder = GraphEncoder(cfg.node_dim, cfg.edge_dim, cfg.global_dim, cfg.encoder)
         self.score = mlp(3 * h + CAND_DIM, h, h, 1)
         self.value = mlp(h + STATE_DIM, h, h, 1)
+        if cfg.value_unit not in VALUE_UNITS:
+            raise ValueError(f"value_unit must be one of {', '.join(VALUE_UNITS)}, not {cfg.value_unit!r}")
         if cfg.residual_prior:
             if not cfg.prior_temperature > 0:
                 raise ValueError(f"prior_temperature must be positive, not {cfg.prior_temperature}")
@@ -83,6 +91,8 @@ class GraphPolicy(nn.Module):
         h_sc = h_s[meta.cand_state]  # [C, H]: each candidate's state
         hints = meta.cand_attr if self.cfg.use_hints else torch.zeros_like(meta.cand_attr)
         state_attr = meta.state_attr if self.cfg.use_hints else torch.zeros_like(meta.state_attr)
+        if self.cfg.value_unit == "state" and self.cfg.use_hints:  # the state as an episode's start: what V learnt
+            state_attr = torch.ones_like(state_attr)
         logits = self.score(torch.cat([h_c, h_sc, h_c - h_sc, hints], dim=1)).squeeze(-1)  # [C]
         if self.cfg.residual_prior:  # the cost prior's logit (hint 0: percent of the start's cost) + correction
             logits = logits - meta.cand_attr[:, 0] / self.cfg.prior_temperature

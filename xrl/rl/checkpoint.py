@@ -171,7 +171,10 @@ def load_policy(path: str | Path) -> tuple[GraphPolicy, dict[str, Any]]:
     """The policy stored in a checkpoint (in eval mode), and the checkpoint's other entries."""
     ckpt = load_checkpoint(path)
     try:
-        policy = GraphPolicy(PolicyConfig.from_dict(ckpt["policy_config"]))
+        stored = dict(ckpt["policy_config"])
+        if "value_unit" not in stored and "value_head" in ckpt.get("metadata", {}):
+            stored["value_unit"] = "state"  # written before the field: fit_value_head.py's head reads states so
+        policy = GraphPolicy(PolicyConfig.from_dict(stored))
         policy.load_state_dict(ckpt["model"])
     except (KeyError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"{path}: the stored policy does not fit this version of xrl ({e})") from None

@@ -9,7 +9,8 @@ left to give:
         for each state s in the beam: its `expand` most likely rewrites under pi(. | s)
         children, deduplicated by canonical hash (two orders of commuting rewrites are one graph),
         pruned to cost < alpha * the parent's cost (a step uphill is allowed, a climb is not),
-        scored  achieved(s') + V(s')         achieved: the reward collected so far, 100 * (c0 - c) / c0
+        scored  achieved(s') + w V(s')       achieved: the reward collected so far, 100 * (c0 - c) / c0
+                                             w: value_weight; V in percent of c0 (below)
         beam <- the `width` best scored children
     stop when `patience` depths pass without the beam finding a state cheaper than it had found
     then again, twice as wide and trying twice as many rewrites per state, while the budget lasts;
@@ -48,6 +49,17 @@ no state the pass scored has achieved(s) + V(s) above the best's achieved reward
 EARN times the time it took to find its best (at least EARN_FLOOR_S): time goes on while it pays, so on
 a graph where nothing beyond the argmax rollout is found the search takes about EARN times the rollout's
 time, not its whole budget. `stop=False` runs to the budget (the ablations' anytime curves).
+
+The value head (issue 32.3). V(s) is the prior's estimate of the gain left from s, in percent of the input's cost
+c0: a PPO critic's value is in those units ("start"); a head regressed on the reference sequences' remaining gain
+(experiments/fit_value_head.py, xrl/policies/research.pt) is in percent of s's own cost and reads s as an
+episode's start ("state"; PolicyConfig.value_unit), so the search multiplies it by c(s) / c0. `value_weight` w
+ranks the beam (0: by the cost reached alone). `value_stop` t (None: off) stops on the value head: a state with
+V(s) <= t is not expanded (its branch ends), and the search ends after a pass that found nothing new and left no
+state open above t: every state it valued above t it expanded with every rewrite (none cut by the width, by
+`expand` or by alpha). With V ~ 0 everywhere the search ends after the argmax rollout; with V high it ends once
+the states under the prior's choices are exhausted instead of repeating them at steeper alphas. Priors without a
+value head (cost, uniform) ignore both.
 
 An `incumbent` (a result found before the search, such as greedy's: what `--search rl` passes with its
 defaults) starts the best, with the clock's start `t0` at the incumbent's own start: with the stop rule the
@@ -93,6 +105,9 @@ EARN, EARN_FLOOR_S = 2.0, 1.0
 # the margin is for the last step or scoring batch, which may end past the earned time).
 ANCHOR_EARN = 1.5
 RESTARTS = 4  # rule-first descents tried after the rollout
+# The beam's ranking, achieved + VALUE_WEIGHT * V, and the value head's stop threshold (None: off); defaults chosen
+# on the research suite's validation split (docs/results.md)
+VALUE_WEIGHT, VALUE_STOP = 1.0, None
 MEMO_STATES = 512  # states whose candidates MemoEngine keeps (least recently used out)
 # A new best must be cheaper by this fraction: the same graph costed along another path is not a find.
 MIN_GAIN = 1e-9
@@ -144,8 +159,13 @@ class _Node:
     env: Any  # a GraphRewriteEnv forked at this state
     steps: list[str]
     costs: list[float]  # the cost at every state of the path, the input's first
-    score: float = 0.0
+    score: float = 0.0  # the beam's ranking: achieved + value_weight * value
     judged: Judgement | None = None  # the prior's view of this state
+    value: float = 0.0  # the prior's value of this state in percent of the input's cost (its unit rescaled)
+
+    def achieved_plus_value(self, c0: float) -> float:
+        """What the state's path would reach by the value head: the stop rule's bound."""
+        return 100.0 * (c0 - self.env.cost) / c0 + self.value
 
 
 @dataclass
@@ -208,7 +228,9 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
                   max_candidates: int | None = None, stop: bool = False,
                   trace: list[tuple[float, float]] | None = None,
                   incumbent: tuple[Graph, float, list[str]] | None = None, t0: float | None = None,
-                  restarts: int = RESTARTS, timer: Callable[[], float] = time.perf_counter) -> PolicyRun:
+                  restarts: int = RESTARTS, timer: Callable[[], float] = time.perf_counter,
+                  value_weight: float = VALUE_WEIGHT, value_stop: float | None = VALUE_STOP,
+                  expanded: list[list[str]] | None = None) -> PolicyRun:
     """The cheapest graph the prior's argmax rollout or the prior-guided beam reached within `time_limit`
     seconds of `t0` (default: now) (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior).
     With `stop`, the search also ends where it stops paying (the module's doc). `incumbent` (graph, cost,
@@ -218,9 +240,16 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     `trace`, if given, receives (seconds, best cost) at the
     start and at every new best: the anytime curve. `timer` is the budget's clock (`t0` is read on it):
     wall time by default; expert iteration passes `time.process_time` so that the expert's effort per
-    search does not shrink when other jobs share the machine."""
+    search does not shrink when other jobs share the machine.
+    `value_weight`: the beam ranks a state by achieved + value_weight * V (0: by the cost reached alone);
+    `value_stop` (None: off): a state whose V is at most this (percent of the input's cost) is not expanded,
+    and the search ends after a pass that found nothing new and left no state above it unexpanded (the
+    module's doc). Both read a prior's value head; priors without one (cost, uniform) ignore them.
+    `expanded`, if given, receives the path (steps) of every state the beam expands, in order."""
     if width < 1 or expand < 1:
         raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
+    if not value_weight >= 0 or (value_stop is not None and not value_stop >= 0):
+        raise ValueError(f"value_weight and value_stop must be >= 0, not {value_weight} and {value_stop}")
     prior = as_prior(prior)
     called = timer()  # an incumbent was found by now: setting up below spends the earned time
     t0 = called if t0 is None else t0
@@ -261,12 +290,15 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     while not clock.over() and (width, expand, alpha) not in passes:
         passes.append((width, expand, alpha))
         before = best.cost
-        explored, bound = _beam_pass(env, c0, prior, best, width=width, expand=expand, alpha=alpha,
-                                     patience=patience, clock=clock, judged=judged)
+        explored, bound, left_open = _beam_pass(env, c0, prior, best, width=width, expand=expand, alpha=alpha,
+                                                patience=patience, clock=clock, judged=judged,
+                                                value_weight=value_weight, value_stop=value_stop, expanded=expanded)
         env_steps += explored
         states += explored
         if stop and prior.has_value and best.cost >= before and bound <= best.achieved:
             break  # nothing new, and the value head expects nothing above the best from anything it saw
+        if value_stop is not None and prior.has_value and best.cost >= before and not left_open:
+            break  # nothing new, and every state left open is worth at most value_stop by the value head
         if len(passes) > 1 and explored <= last:
             if alpha >= max_alpha:
                 break
@@ -357,26 +389,41 @@ def _descend(graph: Graph, cost: float, cost_model: CostModel, engine: Any, node
 
 
 def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, expand: int, alpha: float,
-               patience: int, clock: _Clock, judged: dict | None = None) -> tuple[int, float]:
-    """One beam pass from the input graph; updates `best`; returns the number of states it stepped into and
-    the highest score (achieved + value) of any state it scored."""
+               patience: int, clock: _Clock, judged: dict | None = None, value_weight: float = VALUE_WEIGHT,
+               value_stop: float | None = None, expanded: list[list[str]] | None = None) -> tuple[int, float, bool]:
+    """One beam pass from the input graph; updates `best`; returns the number of states it stepped into,
+    the highest achieved + value of any state it scored, and whether it left a state open: scored, worth more
+    than `value_stop` (any, without it) and not fully expanded (cut by the width, in the beam when the pass ended,
+    or with rewrites beyond `expand` untried), or a child too steep for `alpha` (never valued)."""
     root = _Node(env, [], [c0])
-    if not _score([root], prior, c0, clock, judged):
-        return 0, float("-inf")  # out of time before the root was judged
-    beam, seen, stale, beam_best, stepped = [root], {env.graph.canonical_hash}, 0, c0, 0
-    bound = root.score
+    if not _score([root], prior, c0, clock, judged, value_weight):
+        return 0, float("-inf"), True  # out of time before the root was judged
+
+    def live(n: _Node) -> bool:  # worth expanding by the value head (value_stop's branch rule)
+        return value_stop is None or not prior.has_value or n.value > value_stop
+
+    beam = [root] if live(root) else []
+    seen, stale, beam_best, stepped, left_open = {env.graph.canonical_hash}, 0, c0, 0, False
+    bound = root.achieved_plus_value(c0)
     while beam and stale < patience and not clock.over():
         children: list[_Node] = []
         improved = False
         for node in beam:
-            for action in _likeliest(node, expand):
+            if expanded is not None:
+                expanded.append(list(node.steps))
+            actions = _likeliest(node, expand + 1)
+            left_open = left_open or len(actions) > expand  # rewrites left untried: the state stays open
+            for action in actions[:expand]:
                 if clock.over():
                     break
                 child = node.env.fork()
                 _, _, terminated, truncated, _ = child.step(action)
                 stepped += 1
                 key = child.graph.canonical_hash
-                if key in seen or child.cost >= alpha * node.env.cost:
+                if key in seen:
+                    continue
+                if child.cost >= alpha * node.env.cost:
+                    left_open = True  # a climb this pass may not take: a later pass's, unvalued
                     continue
                 seen.add(key)
                 steps, costs = [*node.steps, child.last_rewrite], [*node.costs, child.cost]
@@ -386,13 +433,15 @@ def _beam_pass(env: Any, c0: float, prior: Prior, best: _Best, *, width: int, ex
                 if not (terminated or truncated):
                     children.append(_Node(child, steps, costs))
         if children and not clock.over():
-            children = _score(children, prior, c0, clock, judged)
-            bound = max([bound, *(n.score for n in children)])
+            children = _score(children, prior, c0, clock, judged, value_weight)
+            bound = max([bound, *(n.achieved_plus_value(c0) for n in children)])
         else:
             children = []  # out of time: nothing scored to expand
-        beam = sorted(children, key=lambda n: -n.score)[:width]  # stable: ties keep the engine's order
+        ranked = sorted((n for n in children if live(n)), key=lambda n: -n.score)  # stable: ties keep engine order
+        left_open = left_open or len(ranked) > width
+        beam = ranked[:width]
         stale = 0 if improved else stale + 1
-    return stepped, bound
+    return stepped, bound, left_open or bool(beam)
 
 
 def _likeliest(node: _Node, k: int) -> list[int]:
@@ -407,8 +456,11 @@ def _likeliest(node: _Node, k: int) -> list[int]:
 
 
 def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock,
-           memo: dict[tuple[int, int], tuple[Graph, Judgement]] | None = None) -> list[_Node]:
-    """Judge `nodes` in batches of SCORE_BATCH states: each node's distribution, and its score achieved + V.
+           memo: dict[tuple[int, int], tuple[Graph, Judgement]] | None = None,
+           value_weight: float = VALUE_WEIGHT) -> list[_Node]:
+    """Judge `nodes` in batches of SCORE_BATCH states: each node's distribution, its value V in percent of the
+    input's cost `c0` (a "state"-unit value, percent of the state's own cost, times cost / c0) and its score
+    achieved + value_weight * V.
     Observing and encoding a wide beam's children of a large graph takes seconds: a batch not started
     before the clock runs out is dropped, so the search ends within about one batch of its budget.
     A state judged before at the same depth (an earlier pass's) takes its judgement from `memo`.
@@ -425,7 +477,8 @@ def _score(nodes: list[_Node], prior: Prior, c0: float, clock: _Clock,
             memo[(id(n.env.graph), n.env.step_count)] = (n.env.graph, judged)
         for n, k in zip(batch, keys):
             n.judged = memo[k][1]
-            n.score = 100.0 * (c0 - n.env.cost) / c0 + n.judged.value
+            n.value = n.judged.value * (n.env.cost / c0 if prior.value_unit == "state" else 1.0)
+            n.score = 100.0 * (c0 - n.env.cost) / c0 + value_weight * n.value
         scored.extend(batch)
     return scored
 
@@ -442,5 +495,6 @@ def guided_baselines(policy: Any, graph: Graph, cost_model: CostModel, *, engine
             for name, prior in (("cost_prior", CostPrior()), ("guided", PolicyPrior(policy)))}
 
 
-__all__ = ["ALPHA", "ANCHOR_EARN", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "MEMO_STATES", "PATIENCE", "WIDTH",
+__all__ = ["ALPHA", "ANCHOR_EARN", "EARN", "EARN_FLOOR_S", "EXPAND", "MAX_ALPHA", "MEMO_STATES", "PATIENCE",
+           "VALUE_STOP", "VALUE_WEIGHT", "WIDTH",
            "MemoEngine", "RESTARTS", "as_prior", "guided_baselines", "guided_search", "memo_engine"]

@@ -43,6 +43,9 @@ class Prior:
     name: str = ""
     has_value = False  # a value head whose estimate may bound what is left (the search's stop rule)
     rolls_out = True  # its argmax rollout is worth running before the search (uniform's is arbitrary)
+    # Judgement.value's unit (xrl.nn.policy.PolicyConfig.value_unit): "start", percent of the search's input cost;
+    # "state", percent of the judged state's own cost (the search rescales it by cost(s) / cost(input))
+    value_unit = "start"
 
     def judge(self, envs: Sequence[Any]) -> list[Judgement]:
         raise NotImplementedError
@@ -59,6 +62,7 @@ class PolicyPrior(Prior):
         if not isinstance(policy, GraphPolicy):
             raise ConfigError(f"a policy prior needs a GraphPolicy, not {type(policy).__name__}")
         self.policy, self.name = policy, name
+        self.value_unit = policy.cfg.value_unit
         self.featurize = policy.features()
         policy.eval()
 
