@@ -177,7 +177,7 @@ def test_default_optimisation_of_a_small_member_verifies(member: str, exporter: 
 
 # What still stops a family from reaching its limit's graph (issue 23); empty when every representative reaches
 # it. lora_encoder reaches it with both exporters: its adapters are merged before the pre-passes
-# (xrl.search.exact_first), so onnxruntime's transformers optimizer fuses the same Attention and BiasGelu in
+# (xrl.deploy.exact_merges), so onnxruntime's transformers optimizer fuses the same Attention and BiasGelu in
 # both; llama with the RMSNorm, SkipRMSNorm and rotary fusions.
 NOT_YET: dict[str, str] = {}
 LIMIT_CASES = [pytest.param(m, e, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[m])) if m in NOT_YET

@@ -154,7 +154,7 @@ def test_a_start_identical_to_the_original_is_not_measured_slower() -> None:
 
 
 def test_adapters_are_merged_before_the_pre_passes_and_counted_as_rewrites(tmp_path: Path) -> None:
-    """lora_mlp's adapters are merged first (xrl.search.exact_first); the pre-passes see the merged model."""
+    """lora_mlp's adapters are merged first (xrl.deploy.exact_merges); the pre-passes see the merged model."""
     res = api.optimize("lora_mlp", output=tmp_path / "m.onnx", prepass=("onnxslim",), search="none")
     merges = next(r for r in res.prepasses if r.name == "exact merges")
     assert merges.applied and merges.nodes_after < merges.nodes_before
@@ -170,8 +170,8 @@ def test_without_pre_passes_nothing_is_merged_first() -> None:
 def test_adapters_that_are_graph_inputs_are_not_merged_first() -> None:
     from xrl.graphs import families as F
 
+    from xrl.deploy.exact_merges import merge_first
     from xrl.frontends.onnx_io import from_onnx
-    from xrl.search.exact_first import merge_first
 
     model = F.build_onnx("lora_server", "small", "ts")
     assert merge_first(from_onnx(model)).steps == []

@@ -110,7 +110,7 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
     base, source, merged = original_graph, original, []
     reports: list[PassReport] = []
     if chain:
-        from xrl.search.exact_first import merge_first
+        from xrl.deploy.exact_merges import merge_first
 
         first = merge_first(original_graph)
         if first.steps:

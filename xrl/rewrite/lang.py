@@ -24,6 +24,8 @@ with `ast`:
   set (the default optimisation's): a step only a composite needs, which the default search, alone, would
   take where the composite does better. Named rule sets select by kind and file (`xrl.rewrite.rules`,
   `--rules all|elementary|composite|<file stem>`, joined with `+`).
+  `tags=a,b` declares what a stage selects rules by, one of TAGS: `tags=exact_merge` marks a rule that merges an
+  adapter into its layer's weights exactly (`xrl.deploy.exact_merges` takes those before the pre-passes).
   `shared=t,u` lets the intermediate values t, u keep other consumers (their
   producers then stay); any other `key=A|B|C` makes the rule a template, expanded once per value
   with `{key}` substituted in its name, comment and body.
@@ -69,6 +71,8 @@ FAMILIES = ("merge", "fusion", "distributivity", "associativity", "transpose", "
 EXAMPLE_FUNCTIONS = frozenset(PURE_FUNCTIONS) | {"between", "choice", "fill", "causal", "positive", "ints"}
 TARGET_CONSTS = ("ints", "const")
 KINDS = ("elementary", "composite")
+# what a stage selects rules by (a header's `tags=`), so that renaming a rule cannot drop it from the stage
+TAGS = ("exact_merge",)
 
 
 class RuleSyntaxError(XrlError):
@@ -173,6 +177,7 @@ class Rule:
     text: str = field(repr=False, default="")
     kind: str = "elementary"  # or "composite": see the module docstring
     in_all: bool = True  # in the `all` rule set (header `in_all=no`: the elementary set only)
+    tags: frozenset[str] = frozenset()  # header `tags=...`, each one of TAGS
 
     @property
     def source_ops(self) -> int:
@@ -260,6 +265,10 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
     in_all = options.pop("in_all", "yes")
     if in_all not in ("yes", "no") or (in_all == "no" and kind != "elementary"):
         raise RuleSyntaxError(file, line, f"rule {name!r}: in_all is yes or no, and no only for an elementary rule")
+    tags = frozenset(t for t in options.pop("tags", "").split(",") if t)
+    if not tags <= set(TAGS):
+        raise RuleSyntaxError(file, line, f"rule {name!r}: unknown tag {sorted(tags - set(TAGS))[0]!r}; choose from "
+                                          f"{', '.join(TAGS)}")
     params = {k: v.split("|") for k, v in options.items()}
     for p in _PARAM.findall(name):
         if p not in params:
@@ -271,7 +280,7 @@ def _parse_block(file: str, line: int, header: str, comment: str, body: list[tup
         sub = dict(zip(params, combo))
         fill = lambda s, sub=sub: _PARAM.sub(lambda m: sub.get(m.group(1), m.group(0)), s)
         rule = _parse_rule(file, line, fill(name), family, fill(comment), shared, [(n, fill(t)) for n, t in body])
-        out.append(dataclasses.replace(rule, kind=kind, in_all=in_all == "yes"))
+        out.append(dataclasses.replace(rule, kind=kind, in_all=in_all == "yes", tags=tags))
     return out
 
 
