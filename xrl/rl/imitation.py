@@ -72,10 +72,10 @@ class Demonstration:
 def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfig, *, seed: int = 0,
                  run: Callable[..., Any] | None = None) -> dict[str, tuple[str, list[str], float]]:
     """Per graph: (teacher, steps, speedup) of the cheapest trajectory any teacher found. `run` runs a
-    search by name (None: the one the search registry registered, `xrl.teachers`)."""
-    from xrl.teachers import teacher_runner
+    search by name (None: the search registry's `run_search`)."""
+    from xrl.search.registry import run_search as registry_run
 
-    run_search = run if run is not None else teacher_runner()
+    run_search = run if run is not None else registry_run
     unknown = [t for t in cfg.teachers if t not in TEACHERS]
     if unknown:
         raise ConfigError(f"imitation teacher(s) {', '.join(map(repr, unknown))} unknown; a teacher must return a "

@@ -35,7 +35,6 @@ from xrl.cost.base import CostModel
 from xrl.errors import ConfigError, XrlError
 from xrl.ir import Graph
 from xrl.search.result import SearchResult
-from xrl.teachers import register_teacher_runner
 
 ENTRY_POINT_GROUP = "xrl.searches"
 PROVIDER_GROUP = "xrl.search_providers"  # functions registering several searches (xrl's RL ones among them)
@@ -275,7 +274,3 @@ def call_budget(cost: CostModel, max_calls: Any) -> Any:
     if n < 1 or n != float(max_calls):
         raise ConfigError(f"{MAX_COST_CALLS} must be a whole number >= 1, not {max_calls!r}")
     return CallBudget(cost, n)
-
-
-# imitation's teachers are searches run by name; rl sits below this registry, so the registry hands itself down
-register_teacher_runner(run_search)
