@@ -79,13 +79,13 @@ def _family_builder(name: str, member: str, size: str, exporter: str,
 
 
 def _family_graphs() -> list[BuiltinGraph]:
-    from .families import DESCRIPTIONS, KINDS, MEMBERS, XL_FAMILIES
+    from .families import DESCRIPTIONS, FAMILY_SIZES, KINDS, MEMBERS
 
     out = []
     sizes = (("small", "families", ""), ("full", "families_full", "_full"), ("xl", "families_xl", "_xl"))
     for size, suite, tag in sizes:
         for member, text in DESCRIPTIONS.items():
-            if size == "xl" and MEMBERS[member] not in XL_FAMILIES:
+            if size not in FAMILY_SIZES[MEMBERS[member]]:  # xl: some families; the deployment models: none
                 continue
             for exporter in ("ts",) if size == "xl" else ("ts", "dynamo"):
                 name = f"fam_{member}{tag}_{exporter}"

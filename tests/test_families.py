@@ -24,9 +24,10 @@ from xrl.cost.runtime_fusion import VIEW_OPS
 
 pytest.importorskip("torch")
 
-FAST = [(m, "ts") for m in F.MEMBERS] + [(m, "dynamo") for m in F.REPRESENTATIVE.values()]
+SMALL = F.members("small")  # the deployment models (family deploy) have sizes tiny and base
+FAST = [(m, "ts") for m in SMALL] + [(m, "dynamo") for m in F.REPRESENTATIVE.values()]
 SLOW_ONLY = pytest.mark.skipif(not os.environ.get("XRL_SLOW_TESTS"), reason="slow: set XRL_SLOW_TESTS=1")
-SLOW = [pytest.param(m, "dynamo", marks=[pytest.mark.slow, SLOW_ONLY]) for m in F.MEMBERS
+SLOW = [pytest.param(m, "dynamo", marks=[pytest.mark.slow, SLOW_ONLY]) for m in SMALL
         if m not in F.REPRESENTATIVE.values()]
 CASES = FAST + SLOW
 
@@ -42,15 +43,15 @@ def _histogram(model: onnx.ModelProto) -> Counter:
 
 def test_registry_lists_every_member_for_both_exporters_and_sizes() -> None:
     small, full = graphs.names("families"), graphs.names("families_full")
-    assert small == [f"fam_{m}_{e}" for m in F.MEMBERS for e in ("ts", "dynamo")]
-    assert full == [f"fam_{m}_full_{e}" for m in F.MEMBERS for e in ("ts", "dynamo")]
+    assert small == [f"fam_{m}_{e}" for m in SMALL for e in ("ts", "dynamo")]
+    assert full == [f"fam_{m}_full_{e}" for m in F.members("full") for e in ("ts", "dynamo")]
     assert set(F.MEMBERS.values()) == set(F.FAMILIES)
     for family in F.FAMILIES:  # the static table agrees with the family modules
         assert tuple(m for m, f in F.MEMBERS.items() if f == family) == F.family_module(family).MEMBERS
     for name in small + full:
         g = graphs.BUILTIN_GRAPHS[name]
         assert g.family in ("transformer", "cnn") and g.description
-    assert set(F.REPRESENTATIVE) == set(F.FAMILIES)
+    assert set(F.REPRESENTATIVE) == {F.MEMBERS[m] for m in SMALL} == set(F.LIMIT_FAMILIES)
 
 
 @pytest.mark.parametrize(("member", "exporter"), CASES, ids=[_ids(c) for c in CASES])

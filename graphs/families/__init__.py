@@ -10,7 +10,10 @@ both torch exporters, each with its limit (the same network merged / re-paramete
 Families and members (modules `lora`, `reparam`, `llama`, `attention`; sizes "small" for tests, "full"
 for the benchmark, "xl" for graphs search cannot exhaust (issue 24: 12-layer LoRA encoders and decoders
 with adapters on every projection, 12-layer LLaMA decoders, RepVGG-B-layout reparam networks of 27
-blocks; the families that have it: XL_FAMILIES); exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18)):
+blocks; the families that have it: XL_FAMILIES); exporters "ts" (TorchScript, opset 17) and "dynamo" (opset 18)).
+The family `deploy` (module `deploy`: the deployment benchmark's BERT, GPT, ViT, ResNet-50 and EfficientNet,
+issue 10) has sizes "tiny" and "base" and no limit (limit_kind "none"); it is benchmarked, not registered
+as built-in graphs (`xrl.graphs` registers the sizes small, full and xl only):
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ if TYPE_CHECKING:
     from .export import Built
 
 # Nothing here imports torch: the family modules are imported when a member is built.
-FAMILIES = ("lora", "reparam", "llama", "attention")
+LIMIT_FAMILIES = ("lora", "reparam", "llama", "attention")  # the families with a limit
+FAMILIES = (*LIMIT_FAMILIES, "deploy")
 EXPORTERS = ("ts", "dynamo")
-SIZES = ("small", "full", "xl")
-XL_FAMILIES = ("lora", "reparam", "llama")  # the families with an "xl" row in their DIMS
+# one name per exporter; the deployment benchmark's old spelling of TorchScript is read as "ts"
+EXPORTER_ALIASES = {"ts": "ts", "torchscript": "ts", "dynamo": "dynamo"}
+# each family's sizes, the smallest first (the rows of its DIMS)
+FAMILY_SIZES = {"lora": ("small", "full", "xl"), "reparam": ("small", "full", "xl"), "llama": ("small", "full", "xl"),
+                "attention": ("small", "full"), "deploy": ("tiny", "base")}
+SIZES = tuple(dict.fromkeys(s for sizes in FAMILY_SIZES.values() for s in sizes))
+XL_FAMILIES = tuple(f for f in FAMILIES if "xl" in FAMILY_SIZES[f])
 # member -> (family, kind for the registry, one-line description)
 _TABLE = {
     "lora_encoder": ("lora", "transformer", "BERT-style post-LN encoder layers with PEFT LoRA (r 16) on q/k/v/o and "
@@ -59,16 +68,24 @@ _TABLE = {
     "attn_packed": ("attention", "transformer", "pre-LN layers with timm's packed-QKV attention, explicit softmax"),
     "attn_bert": ("attention", "transformer", "post-LN layers with HF BertSelfAttention (separate biased q/k/v, "
                   "additive mask)"),
+    "bert": ("deploy", "transformer", "BERT-style post-LN encoder (nn.TransformerEncoderLayer, GELU) with token and "
+             "position embeddings and a padding mask"),
+    "gpt": ("deploy", "transformer", "GPT-2-style pre-LN causal decoder with packed QKV and tanh GELU"),
+    "vit": ("deploy", "transformer", "ViT-B/16: conv patch embedding, cls token, pre-LN encoder layers, linear head"),
+    "resnet": ("deploy", "cnn", "ResNet-50 (torchvision's v1.5 layout) with seeded BatchNorm statistics"),
+    "effnet": ("deploy", "cnn", "EfficientNet-B0-style CNN: MBConv, SiLU, squeeze-excite, explicit TF-'same' "
+               "ZeroPad2d padding"),
 }
 MEMBERS: dict[str, str] = {m: fam for m, (fam, _, _) in _TABLE.items()}  # member -> family
 KINDS: dict[str, str] = {m: kind for m, (_, kind, _) in _TABLE.items()}
 DESCRIPTIONS: dict[str, str] = {m: text for m, (_, _, text) in _TABLE.items()}
-# one member per family that the fast tests build with both exporters
+# one member per family with a size small (the limit families) that the fast tests build with both exporters
 REPRESENTATIVE = {"lora": "lora_encoder", "reparam": "repvgg", "llama": "llama", "attention": "attn_bert"}
 # what onnxruntime's transformers optimizer is told (None: not a transformer, the peer does not apply)
 ORT_MODEL_TYPE = {"lora_encoder": "bert", "lora_server": "bert", "lora_dora": "bert", "lora_decoder": "gpt2",
                   "lora_vit": "vit", "llama": "gpt2", "llama_eager": "gpt2", "attn_mha": "bert",
-                  "attn_mha_causal": "gpt2", "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert"}
+                  "attn_mha_causal": "gpt2", "attn_sdpa": "bert", "attn_packed": "vit", "attn_bert": "bert",
+                  "bert": "bert", "gpt": "gpt2", "vit": "vit"}
 
 __doc__ += "\n".join(f"- {fam}: {', '.join(m for m, f in MEMBERS.items() if f == fam)}" for fam in FAMILIES) + "\n"
 
@@ -77,13 +94,21 @@ def family_module(family: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{family}")
 
 
+def members(size: str | None = None, families: tuple[str, ...] = FAMILIES) -> list[str]:
+    """The members of `families` in table order, those that have `size` where one is given."""
+    return [m for m, f in MEMBERS.items() if f in families and (size is None or size in FAMILY_SIZES[f])]
+
+
 def check(member: str, size: str) -> None:
     if member not in MEMBERS:
         raise ValueError(f"unknown family member {member!r}; choose from {', '.join(MEMBERS)}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
-    if size == "xl" and MEMBERS[member] not in XL_FAMILIES:
-        raise ValueError(f"{member} has no size xl; the families that do: {', '.join(XL_FAMILIES)}")
+    family = MEMBERS[member]
+    if size not in FAMILY_SIZES[family]:
+        have = [f for f in FAMILIES if size in FAMILY_SIZES[f]]
+        raise ValueError(f"{member} ({family}) has no size {size}; its sizes: {', '.join(FAMILY_SIZES[family])}; "
+                         f"the families that have {size}: {', '.join(have)}")
 
 
 def build_module(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> Built:
@@ -112,8 +137,16 @@ def _exported(member: str, size: str, exporter: str, seed: int, batch: int, limi
     from .export import export
 
     built = build_module(member, size, seed, batch)
-    module = built.limit() if limit else built.module
-    return export(module, built.inputs, built.outputs, exporter).SerializeToString()
+    return export(_module(built, member, limit), built.inputs, built.outputs, exporter).SerializeToString()
+
+
+def _module(built: Built, member: str, limit: bool):
+    """The network to export: the member itself, or its limit."""
+    if not limit:
+        return built.module
+    if built.limit is None:
+        raise ValueError(f"{member} has no limit (limit_kind {built.limit_kind!r}: a hand-written reference model)")
+    return built.limit()
 
 
 def input_feeds(member: str, size: str = "small", seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
@@ -124,8 +157,10 @@ def input_feeds(member: str, size: str = "small", seed: int = 0, batch: int = 1)
 
 
 def limit_kind(member: str) -> str:
-    """"exact" where the limit is a re-parameterisation of the network, "plain" where it is the export itself."""
-    return build_module(member, "small").limit_kind
+    """"exact" where the limit is a re-parameterisation of the network, "plain" where it is the export itself,
+    "none" where the member has no limit."""
+    size = FAMILY_SIZES[MEMBERS[member]][0] if member in MEMBERS else "small"  # the smallest: cheap to build
+    return build_module(member, size).limit_kind
 
 
 def run(model: onnx.ModelProto | bytes | str | Path, feeds_: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -188,12 +223,11 @@ def cached_export(member: str, size: str, exporter: str, cache_dir: Path, seed: 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".part")
         built = build_module(member, size, seed)
-        module = built.limit() if limit else built.module
-        onnx.save(export(module, built.inputs, built.outputs, exporter), str(tmp))
+        onnx.save(export(_module(built, member, limit), built.inputs, built.outputs, exporter), str(tmp))
         tmp.replace(path)
     return path
 
 
-__all__ = ["DESCRIPTIONS", "EXPORTERS", "FAMILIES", "KINDS", "MEMBERS", "REPRESENTATIVE", "SIZES", "XL_FAMILIES",
-           "build_module",
-           "build_onnx", "cache_path", "cached_export", "input_feeds", "limit_kind", "model_info", "verify_limit"]
+__all__ = ["DESCRIPTIONS", "EXPORTER_ALIASES", "EXPORTERS", "FAMILIES", "FAMILY_SIZES", "KINDS", "LIMIT_FAMILIES",
+           "MEMBERS", "REPRESENTATIVE", "SIZES", "XL_FAMILIES", "build_module", "build_onnx", "cache_path",
+           "cached_export", "input_feeds", "limit_kind", "members", "model_info", "verify_limit"]

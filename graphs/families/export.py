@@ -25,9 +25,8 @@ import onnx
 import torch
 from torch import nn
 
-EXPORTERS = ("ts", "dynamo")
-EXPORTER_ALIASES = {"ts": "ts", "torchscript": "ts", "dynamo": "dynamo"}
-SIZES = ("small", "full")
+from . import EXPORTER_ALIASES, EXPORTERS
+
 OPSET_TS = 17
 OPSET_DYNAMO = 18
 
@@ -39,6 +38,8 @@ class Spec:
     name: str
     shape: tuple[int, ...]
     kind: str = "normal"  # "normal" | "mask" (int64 ones, trailing eighth zero) | "adapter" (normal * 0.02)
+    # | "ids" (int64 token ids below `high`)
+    high: int = 0
 
 
 @dataclass
@@ -48,8 +49,10 @@ class Built:
     module: nn.Module
     inputs: list[Spec]
     outputs: list[str]
-    limit: Callable[[], nn.Module]  # the merged / re-parameterised network (a new module)
-    limit_kind: str  # "exact" (a re-parameterisation) | "plain" (no exact merge: the limit is the original)
+    # the merged / re-parameterised network (a new module); None: the member has no limit (the deployment
+    # models, hand-written references)
+    limit: Callable[[], nn.Module] | None
+    limit_kind: str  # "exact" (a re-parameterisation) | "plain" (no exact merge: the limit is the original) | "none"
     extra: dict = field(default_factory=dict)
 
 
@@ -112,6 +115,8 @@ def feeds(inputs: list[Spec], seed: int = 0) -> dict[str, np.ndarray]:
             seq = spec.shape[-1]
             mask[..., seq - max(1, seq // 8):] = 0  # the last eighth is padding, as in a real batch
             out[spec.name] = mask
+        elif spec.kind == "ids":
+            out[spec.name] = rng.integers(0, spec.high, size=spec.shape, dtype=np.int64)
         elif spec.kind == "adapter":
             out[spec.name] = (rng.standard_normal(spec.shape) * 0.02).astype(np.float32)
         else:
