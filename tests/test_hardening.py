@@ -269,33 +269,33 @@ def _weights_model(value: float) -> onnx.ModelProto:
 
 
 def test_crash_between_weights_and_model_keeps_the_old_pair(tmp_path, monkeypatch):
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 100)
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 100)
     path = tmp_path / "m.onnx"
-    onnx_io.save_onnx(_weights_model(1.0), path)
+    onnx_write.save_onnx(_weights_model(1.0), path)
 
     def killed(*a, **k):  # the process dies after the weights are in place, before the model is
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onnx_io, "write_atomic", killed)
+    monkeypatch.setattr(onnx_write, "write_atomic", killed)
     with pytest.raises(KeyboardInterrupt):
-        onnx_io.save_onnx(_weights_model(2.0), path)
+        onnx_write.save_onnx(_weights_model(2.0), path)
     loaded = onnx.load(str(path))
     np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), 1.0)
 
 
 def test_rewrite_with_external_weights_leaves_one_data_file(tmp_path, monkeypatch):
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 100)
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 100)
     path = tmp_path / "m.onnx"
     for v in (1.0, 2.0, 3.0):
-        onnx_io.save_onnx(_weights_model(v), path)
+        onnx_write.save_onnx(_weights_model(v), path)
     assert len([p for p in os.listdir(tmp_path) if p.endswith(".data")]) == 1
     np.testing.assert_array_equal(numpy_helper.to_array(onnx.load(str(path)).graph.initializer[0]), 3.0)
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 10**12)  # now inline: the old weights go
-    onnx_io.save_onnx(_weights_model(4.0), path)
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 10**12)  # now inline: the old weights go
+    onnx_write.save_onnx(_weights_model(4.0), path)
     assert os.listdir(tmp_path) == ["m.onnx"]
 
 
@@ -304,7 +304,7 @@ def test_killed_writers_temporaries_are_removed(tmp_path):
     import sys
     import time
 
-    from xrl.frontends.onnx_io import save_onnx
+    from xrl.frontends.onnx_write import save_onnx
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)

@@ -89,13 +89,13 @@ SAVE_TERMINATED = textwrap.dedent("""
     import onnx
     from onnx import TensorProto, helper
     from xrl.cli.main import main
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
     real_fsync = os.fsync
     def fsync_then_sigterm(fd):  # SIGTERM arrives while the temporary is open, half-way through the write
         real_fsync(fd)
         os.kill(os.getpid(), signal.SIGTERM)
-    onnx_io.os.fsync = fsync_then_sigterm
+    onnx_write.os.fsync = fsync_then_sigterm
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],

@@ -13,7 +13,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from xrl.frontends import verify
-from xrl.frontends.onnx_io import from_onnx, shared_weight, to_onnx
+from xrl.frontends.onnx_io import from_onnx, to_onnx
+from xrl.frontends.onnx_weights import shared_weight
 
 
 def _mlp(hidden: int = 256, layers: int = 3, seed: int = 0) -> onnx.ModelProto:
@@ -89,15 +90,15 @@ def test_external_data_save_neither_changes_nor_copies_the_callers_model(tmp_pat
     # a model loaded with onnx.load has data_location set to DEFAULT explicitly: it is still moved out, and
     # the caller's model is not rewritten (protobuf keeps a cleared field's memory: moving the bytes out and
     # back grew the model by its weights on every save)
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
     src = tmp_path / "src.onnx"
     onnx.save(_mlp(), str(src), save_as_external_data=True, all_tensors_to_one_file=True, location="src.data")
     model = onnx.load(str(src))
     assert all(t.HasField("data_location") for t in model.graph.initializer)
     before = model.SerializeToString()
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1)
-    out = onnx_io.save_onnx(model, tmp_path / "out.onnx")
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 1)
+    out = onnx_write.save_onnx(model, tmp_path / "out.onnx")
     assert model.SerializeToString() == before
     head = onnx.load(str(out), load_external_data=False)
     assert all(t.data_location == TensorProto.EXTERNAL for t in head.graph.initializer)
@@ -112,7 +113,8 @@ def _weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def test_an_export_head_holds_no_weight_bytes_and_round_trips_without_copies(tmp_path):
-    from xrl.frontends.onnx_io import materialize, save_onnx
+    from xrl.frontends.onnx_weights import materialize
+    from xrl.frontends.onnx_write import save_onnx
 
     g = from_onnx(_mlp())
     full = to_onnx(g)
@@ -229,13 +231,13 @@ def test_when_the_guard_keeps_the_original_it_is_written_from_the_irs_arrays(tmp
 
     import xrl.api as api
     import xrl.cost.guard as guard
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
     src = tmp_path / "in.onnx"
     onnx.save(_mlp(), str(src))
     monkeypatch.setattr(guard, "measure_guard", lambda *a, **k: guard.GuardResult(guard.ORIGINAL, "forced", {}, 0, 0.0))
     held: list[int] = []
-    real = onnx_io.save_onnx
+    real = onnx_write.save_onnx
 
     def spy(model, path, external=None):  # noqa: ANN001
         gc.collect()
@@ -243,7 +245,7 @@ def test_when_the_guard_keeps_the_original_it_is_written_from_the_irs_arrays(tmp
                          if type(o) is onnx.ModelProto), default=0))
         return real(model, path) if external is None else real(model, path, external)
 
-    monkeypatch.setattr(onnx_io, "save_onnx", spy)
+    monkeypatch.setattr(onnx_write, "save_onnx", spy)
     out = tmp_path / "out.onnx"
     res = api.optimize(str(src), output=out, search="greedy", cost="analytic", target="ort-cpu", guard=True,
                        time_limit=5, prepass=())
@@ -253,20 +255,20 @@ def test_when_the_guard_keeps_the_original_it_is_written_from_the_irs_arrays(tmp
 
 
 def test_a_head_past_the_external_data_threshold_is_written_from_its_arrays(tmp_path, monkeypatch):
-    from xrl.frontends import onnx_io
+    from xrl.frontends import onnx_write
 
     g = from_onnx(_mlp())
     full = to_onnx(g)
     weights: dict = {}
     head = to_onnx(g, external=weights)
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1)
-    out = onnx_io.save_onnx(head, tmp_path / "big.onnx", weights)
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 1)
+    out = onnx_write.save_onnx(head, tmp_path / "big.onnx", weights)
     again = onnx.load(str(out))
     for a, b in zip(full.graph.initializer, again.graph.initializer):
         assert a.name == b.name
         np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
     try:
-        onnx_io.save_onnx(head, tmp_path / "lost.onnx")  # a head without its arrays is not a model
+        onnx_write.save_onnx(head, tmp_path / "lost.onnx")  # a head without its arrays is not a model
     except Exception as e:  # noqa: BLE001
         assert "kept apart" in str(e)
     else:

@@ -25,8 +25,9 @@ from xrl.errors import (
     OutputPathError,
     XrlError,
 )
-from xrl.frontends import onnx_io
-from xrl.frontends.onnx_io import from_onnx, load_onnx, save_onnx, to_onnx
+from xrl.frontends import onnx_write
+from xrl.frontends.onnx_io import from_onnx, load_onnx, to_onnx
+from xrl.frontends.onnx_write import save_onnx
 from xrl.frontends.verify import compare_models, random_feeds, run_onnx
 from xrl.ir import Graph, Node, TensorType
 
@@ -520,7 +521,7 @@ def test_save_is_atomic_and_round_trips(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(onnx_io.os, "replace", broken_replace)
+    monkeypatch.setattr(onnx_write.os, "replace", broken_replace)
     with pytest.raises(OutputPathError, match="No space left"):
         save_onnx(model, tmp_path / "other.onnx")
     assert os.listdir(tmp_path) == ["m.onnx"]  # no partial or temporary file left behind
@@ -529,8 +530,8 @@ def test_save_is_atomic_and_round_trips(tmp_path, monkeypatch):
 def test_big_models_go_to_external_data(tmp_path, monkeypatch):
     model = conv_net()
     before = model.SerializeToString()
-    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 100)
-    monkeypatch.setattr(onnx_io, "_EXTERNAL_MIN_TENSOR", 256)  # only w1 (864 bytes) and fc (320) move
+    monkeypatch.setattr(onnx_write, "EXTERNAL_DATA_THRESHOLD", 100)
+    monkeypatch.setattr(onnx_write, "EXTERNAL_MIN_TENSOR", 256)  # only w1 (864 bytes) and fc (320) move
     path = save_onnx(model, tmp_path / "big.onnx")
     assert model.SerializeToString() == before  # the caller's model keeps its weights inline
     names = sorted(os.listdir(tmp_path))

@@ -84,7 +84,7 @@ class OptimizeResult:
     def model(self) -> onnx.ModelProto | None:
         """The optimised model itself (what was or would be written), for callers that keep it in memory."""
         if isinstance(self.written_model, tuple):
-            from xrl.frontends.onnx_io import materialize
+            from xrl.frontends.onnx_weights import materialize
 
             self.written_model = materialize(*self.written_model)
         return self.written_model
@@ -214,7 +214,7 @@ def optimize(model: str | LoadedModel | onnx.ModelProto | Graph, *, output: str 
     from xrl.options import check_optimize_options
 
     prepass = check_optimize_options(locals())  # every option, one ConfigError line, before any model is loaded
-    from xrl.frontends.onnx_io import save_onnx
+    from xrl.frontends.onnx_write import save_onnx
 
     check_search_options(search, prepass, target, cost)
     check_threads(threads)

@@ -203,7 +203,7 @@ def _graph_sizes(name: str, skip: bool) -> dict:
 def cmd_graphs_export(args: argparse.Namespace) -> int:
     from xrl import graphs
     from xrl.api import check_output_path
-    from xrl.frontends.onnx_io import save_onnx
+    from xrl.frontends.onnx_write import save_onnx
 
     out = check_output_path(args.output, None, force=args.force)
     save_onnx(graphs.build(args.name, batch=args.batch, seed=args.seed), out)

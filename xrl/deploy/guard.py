@@ -47,7 +47,7 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
     """Time `candidates` against the original (`options`: `measure_guard`'s rounds and the like) and return
     what is written; the original is verified again before it is (`max_abs_err`: the search's file's)."""
     from xrl.cost.guard import measure_guard
-    from xrl.frontends.onnx_io import split_model
+    from xrl.frontends.onnx_weights import split_model
     from xrl.frontends.verify import compare_models
 
     g = measure_guard(dep.guard_timer(), loaded.graph, [c.guard() for c in candidates], **options)

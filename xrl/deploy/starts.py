@@ -51,7 +51,7 @@ def starts(loaded: LoadedModel, dep: Deployment, chain: Sequence[str], *, peers_
            verify_trials: int) -> Starts:
     """The starts stage: `chain` (the target's pre-passes, or the user's) on `loaded`'s original; with
     `peers_wanted` (the target's own chain) and the guard on, each peer pass alone too."""
-    from xrl.frontends.onnx_io import initializer_bytes, split_model, trim_heap
+    from xrl.frontends.onnx_weights import initializer_bytes, split_model, trim_heap
     from xrl.frontends.verify import reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 

@@ -1,4 +1,4 @@
-"""ONNX <-> IR: `load_onnx`/`from_onnx` (import), `to_onnx` (export), `save_onnx` (atomic write).
+"""ONNX <-> IR, the codec: `load_onnx`/`from_onnx` (import), `to_onnx` (export).
 
 Import pins the input shapes, folds every weight-only computation (onnx_fold), then maps each node
 to the IR's canonical form: axes/split as attributes, Cast.to as a dtype name, shape-like inputs as
@@ -9,16 +9,15 @@ Export is the inverse for a chosen opset (17 unless the graph needs newer): cano
 back to inputs where the opset wants them, and fused activations become their own nodes. Opaque
 nodes of other domains (com.microsoft, ...) export under the domain versions the source model
 imported (`Graph.domain_opsets`).
+Beside it: `onnx_weights` (heads and their weights kept apart, the interning pool, malloc_trim) and
+`onnx_write` (`save_onnx`, the atomic, streamed file writer).
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import math
 import os
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -26,8 +25,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
-from xrl.atomic import atomic_write, remove_stale_temporaries, write_atomic
-from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, OutputPathError, XrlError
+from xrl.errors import ConfigError, DynamicShapeError, InvalidGraphError, ModelLoadError, XrlError
 from xrl.frontends.onnx_fold import (
     DEFAULT_DOMAINS,
     DTYPE_TO_ONNX,
@@ -38,6 +36,7 @@ from xrl.frontends.onnx_fold import (
     simplify,
     static_shape,
 )
+from xrl.frontends.onnx_weights import kept_apart, mark_external, shared_weight, with_placeholders
 from xrl.ir import Graph, Node, TensorType
 from xrl.ir.ops import FUSABLE_ACTIVATIONS, OPS, infer_types, ir_op, is_known, onnx_domain
 from xrl.limits import check_shape
@@ -56,22 +55,6 @@ _FUSED_OPS = ("Conv", "MatMul", "Gemm")
 # because the IR does not support its form: not known to the IR (so no rule or kernel takes it), written
 # back in the default domain. (A contrib op of its own domain, com.microsoft, keeps that domain.)
 OPAQUE_DEFAULT_DOMAIN = "ai.onnx.opaque"
-# Models whose weights pass this are written with external data: protobuf cannot serialise 2 GiB.
-EXTERNAL_DATA_THRESHOLD = int(1.8e9)
-
-
-def tensor_bytes(t: TensorProto) -> int:
-    """A tensor's data bytes from its shape and type: protobuf's ByteSize() walks the message (about 30 ms
-    for one VGG weight) and reading raw_data copies it."""
-    if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
-        return t.ByteSize()
-    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
-
-
-def initializer_bytes(model: onnx.ModelProto) -> int:
-    return sum(tensor_bytes(t) for t in model.graph.initializer)
-_EXTERNAL_MIN_TENSOR = 1024  # bytes: smaller tensors stay inline, as onnx itself does
 
 
 # ===== import ==================================================================================
@@ -110,7 +93,7 @@ def from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] 
 def _import(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None, name: str,
             label: str, external: Mapping[str, np.ndarray] | None = None) -> Graph:
     if external:  # the weights kept apart are put in after the model's tensors are read: no bytes copied
-        model = _with_placeholders(model, external)
+        model = with_placeholders(model, external)
     model = _upgrade_opset(model, label)
     if model.functions:  # model-local functions (the dynamo exporter's modules): inline to plain ops
         import onnx.inliner
@@ -218,54 +201,6 @@ def _declared(tp: TypeProto | None) -> TensorType | None:
     if shape is None or tp.WhichOneof("value") != "tensor_type" or tp.tensor_type.elem_type not in ONNX_TO_DTYPE:
         return None
     return TensorType(tuple(shape), ONNX_TO_DTYPE[tp.tensor_type.elem_type])
-
-
-# Weights of this size and up are shared between imports (smaller ones cost less than the lookup).
-_SHARE_MIN_BYTES = 1 << 16
-# (dtype, shape, a sample of its bytes) -> weights live in some imported graph; dropped with the last graph
-_shared_weights: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def shared_weight(arr: np.ndarray) -> np.ndarray:
-    """`arr`, or an equal read-only weight an earlier import made that is still alive. A model exported and
-    imported again (the file a search writes, re-read to cost and time it) then holds no second copy of
-    the weights it did not change; the IR never writes into a weight, so sharing is safe."""
-    if arr.nbytes < _SHARE_MIN_BYTES or not arr.flags.c_contiguous:
-        return arr
-    raw = arr.reshape(-1).view(np.uint8)  # bytes, not values: -0.0 is not 0.0, and a NaN equals itself
-    key = (arr.dtype.str, arr.shape, raw[:64].tobytes(), raw[-64:].tobytes())
-    old = _shared_weights.get(key)
-    if old is not None and np.array_equal(old.reshape(-1).view(np.uint8), raw):
-        return old
-    if arr.flags.writeable:  # what Graph would do; done here so the pooled array is the one graphs hold
-        arr = arr.view()
-        arr.flags.writeable = False
-    _shared_weights[key] = arr
-    return arr
-
-
-def trim_heap() -> None:
-    """Give freed heap memory back to the system (glibc's malloc_trim): the arenas keep the space of the
-    big transient buffers of an export or a session (serialised models, tensors' bytes) otherwise, and
-    the process stays that large for the rest of the run. Elsewhere a no-op."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-@cache
-def _libc():  # noqa: ANN202 - a ctypes CDLL, or None
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):  # musl and other libcs have no malloc_trim
-        return None
 
 
 def _tensor_type(value: str, tp: TypeProto | None, label: str, where: str) -> TensorType:
@@ -396,92 +331,12 @@ def to_onnx(graph: Graph, *, opset: int | None = None,
     Inputs keep their names; outputs get `graph.output_names` (an Identity is added where the value
     computing an output is named differently).
 
-    With `external` (a dict, filled here), weights of _EXTERNAL_MIN_TENSOR bytes and more are not copied
-    into the model: their tensors keep dtype and dims and point at MEMORY_LOCATION, and `external` maps
+    With `external` (a dict, filled here), weights of `onnx_weights.EXTERNAL_MIN_TENSOR` bytes and more are not copied
+    into the model: their tensors keep dtype and dims and point at `onnx_weights.MEMORY_LOCATION`, and `external` maps
     their names to the graph's own arrays. Such a model (a "head") is what `save_onnx`, `from_onnx`,
     `xrl.frontends.verify` and the onnxruntime cost models take with its `external` arrays: the weights
     are never serialised in memory (a model's worth of bytes per export)."""
     return _Exporter(graph, _export_opset(graph, opset), external).build()
-
-
-# Where the weights of a head (`to_onnx(..., external=...)`) are: in the caller's arrays, not in a file
-MEMORY_LOCATION = "xrl:in-memory"
-
-
-def _kept_apart(arr: np.ndarray) -> bool:
-    """Whether a weight goes to `external`: big enough to matter, of a dtype onnxruntime can wrap."""
-    return arr.nbytes >= _EXTERNAL_MIN_TENSOR and arr.dtype.kind in "fiub" and arr.dtype.isnative
-
-
-def _mark_external(t: TensorProto) -> None:
-    t.data_location = TensorProto.EXTERNAL
-    entry = t.external_data.add()
-    entry.key, entry.value = "location", MEMORY_LOCATION
-
-
-def in_memory(t: TensorProto) -> bool:
-    """Whether `t` is a head's tensor whose bytes are kept apart (`to_onnx(..., external=...)`)."""
-    return t.data_location == TensorProto.EXTERNAL and any(
-        e.key == "location" and e.value == MEMORY_LOCATION for e in t.external_data)
-
-
-def split_model(model: onnx.ModelProto, like: Mapping[str, np.ndarray] | None = None
-                ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A full model as a head and its big weights apart (see `to_onnx`), leaving `model` unchanged. A
-    weight whose bytes equal the array `like` holds under its name (the IR imported from this model) is
-    that array; any other is read from the model (one tensor's bytes at a time while comparing)."""
-    head = onnx.ModelProto()
-    _copy_fields(head, model, skip="graph")
-    _copy_fields(head.graph, model.graph, skip="initializer")
-    external: dict[str, np.ndarray] = {}
-    for t in model.graph.initializer:
-        out = head.graph.initializer.add()
-        if not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL \
-                or t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED) or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR:
-            out.CopyFrom(t)
-            continue
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
-        if dtype.kind not in "fiub" or not dtype.isnative:
-            out.CopyFrom(t)
-            continue
-        raw = t.raw_data
-        arr = np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
-        known = like.get(t.name) if like is not None else None
-        if known is not None and known.dtype == arr.dtype and known.shape == arr.shape and known.flags.c_contiguous \
-                and np.array_equal(known.reshape(-1).view(np.uint8), arr.reshape(-1).view(np.uint8)):
-            arr = known
-        del raw
-        _copy_fields(out, t, skip=("raw_data", "data_location", "external_data"))
-        _mark_external(out)
-        external[t.name] = arr
-    return head, external
-
-
-def materialize(head: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """The full model of a head and its weights (a copy of every weight's bytes)."""
-    model = onnx.ModelProto()
-    model.CopyFrom(head)
-    for t in model.graph.initializer:
-        if in_memory(t):
-            arr = external[t.name]
-            t.ClearField("external_data")
-            t.ClearField("data_location")
-            t.raw_data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-    return model
-
-
-def _with_placeholders(head: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """A copy of a head (small: no weights) whose kept-apart tensors are empty placeholders the import reads
-    without copying anything; `_import` puts the arrays in their place."""
-    model = onnx.ModelProto()
-    model.CopyFrom(head)
-    for t in model.graph.initializer:
-        if t.name in external and in_memory(t):
-            t.ClearField("external_data")
-            t.ClearField("data_location")
-            del t.dims[:]
-            t.dims.append(0)
-    return model
 
 
 def _export_opset(graph: Graph, opset: int | None) -> int:
@@ -716,8 +571,8 @@ def _fill_tensor(t: TensorProto, name: str, arr: np.ndarray, external: dict[str,
     t.name = name
     t.data_type = DTYPE_TO_ONNX[TensorType.of(arr).dtype]
     t.dims.extend(arr.shape)
-    if external is not None and _kept_apart(arr):
-        _mark_external(t)
+    if external is not None and kept_apart(arr):
+        mark_external(t)
         external[name] = np.ascontiguousarray(arr)  # the graph's own array (weights are C-contiguous)
         return
     t.raw_data = arr.tobytes()  # C order, whatever the array's strides
@@ -762,173 +617,3 @@ def _make_attr(key: str, value, schema: onnx.defs.OpSchema | None, node: str) ->
         return helper.make_attribute(key, float(value), attr_type=AttributeProto.FLOAT)
     raise InvalidGraphError(f"node {node!r}: attribute {key!r} holds a {type(value).__name__}, which ONNX "
                             f"cannot store")
-
-
-# ===== writing =================================================================================
-def save_onnx(model: onnx.ModelProto, path: str | os.PathLike,
-              external: Mapping[str, np.ndarray] | None = None) -> Path:
-    """Write `model` atomically (a temporary file in the same folder, then a rename): a failed or
-    interrupted write never leaves a partial file. Weights past ~1.8 GB go to `<name>.<hash>.data`
-    beside it, a name of their own per content, so the model and its weights change together: the
-    model's rename is the one commit point. Temporary files a killed xrl left behind, and weight files
-    no model at `path` refers to any more, are removed.
-
-    `model` may be a head with its weights in `external` (`to_onnx(..., external=...)`): the file is the
-    same model, written from the arrays as they are (no serialised copy of the model in memory)."""
-    missing = [t.name for t in model.graph.initializer if in_memory(t) and t.name not in (external or {})]
-    if missing:
-        raise XrlError(f"cannot write the model: weight {missing[0]!r} is kept apart and was not given")
-    path = Path(path)
-    if path.is_dir():
-        raise OutputPathError(f"{path} is a directory; give a file path such as {path / 'model.onnx'}")
-    folder = path.parent
-    if not folder.is_dir():
-        raise OutputPathError(f"cannot write {path}: folder {folder} does not exist; create it first")
-    remove_stale_temporaries(path)
-    try:
-        weight_bytes = initializer_bytes(model)
-        if weight_bytes > EXTERNAL_DATA_THRESHOLD:
-            data_name = _save_external(model, path, external)
-        else:
-            write_atomic(path, _serialized(model, external))
-            data_name = None
-    except OSError as e:
-        raise OutputPathError(f"cannot write {path} ({e.strerror or brief_error(e)}); check the folder is writable "
-                              f"and has space") from e
-    _remove_old_data(path, keep=data_name)
-    return path
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _length_field(number: int, length: int) -> bytes:
-    """The key and length of a length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(length)
-
-
-_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
-_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
-_RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
-
-
-def _serialized(model: onnx.ModelProto, external: Mapping[str, np.ndarray] | None) -> Iterator[bytes | memoryview]:
-    """The model's protobuf bytes, in chunks: a head's kept-apart weights are written from their arrays.
-    Protobuf merges a message given in parts (repeated fields append), so the model without initializers,
-    then each initializer as a model holding only it, reads back as the model itself."""
-    if not any(in_memory(t) for t in model.graph.initializer):
-        yield model.SerializeToString()
-        return
-    head = onnx.ModelProto()
-    _copy_fields(head, model, skip="graph")
-    _copy_fields(head.graph, model.graph, skip="initializer")
-    yield head.SerializeToString()
-    del head
-    for t in model.graph.initializer:
-        if not in_memory(t):
-            part = onnx.ModelProto()
-            part.graph.initializer.add().CopyFrom(t)
-            yield part.SerializeToString()
-            continue
-        arr = np.ascontiguousarray(external[t.name], dtype=external[t.name].dtype.newbyteorder("<"))
-        raw = memoryview(arr.reshape(-1).view(np.uint8))
-        fields = onnx.TensorProto()
-        _copy_fields(fields, t, skip=("raw_data", "data_location", "external_data"))
-        tensor = fields.SerializeToString() + _length_field(_RAW_DATA_FIELD, raw.nbytes)
-        size = len(tensor) + raw.nbytes
-        entry = _length_field(_INITIALIZER_FIELD, size)
-        yield _length_field(_GRAPH_FIELD, len(entry) + size) + entry + tensor
-        yield raw
-
-
-def _copy_fields(dst, src, skip: str | Sequence[str] = ()) -> None:  # noqa: ANN001 - protobuf messages
-    """Copy every field of `src` that is set into `dst`, except those named in `skip`."""
-    skip = (skip,) if isinstance(skip, str) else tuple(skip)
-    for field, value in src.ListFields():
-        if field.name in skip:
-            continue
-        if field.is_repeated:
-            getattr(dst, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(dst, field.name).CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
-
-
-def _remove_old_data(path: Path, keep: str | None) -> None:
-    """Weight files of earlier writes to `path` (`<name>.data`, `<name>.<hash>.data`) that the model
-    just written does not use: the model that used them has been replaced."""
-    import re
-
-    pattern = re.compile(re.escape(path.name) + r"(\.[0-9a-f]{12})?\.data")
-    for p in path.parent.glob(f"{glob.escape(path.name)}*.data"):
-        if p.name != keep and pattern.fullmatch(p.name):
-            with contextlib.suppress(OSError):
-                p.unlink()
-
-
-def _save_external(model: onnx.ModelProto, path: Path, external: Mapping[str, np.ndarray] | None = None) -> str:
-    """Big tensors' bytes to `<path>.<hash>.data`, the rest to `path`; returns the data file's name.
-    The data file gets its final name before the model is replaced, and that name is new whenever the
-    weights are, so a crash at any point leaves the old model with its own weights or the new model
-    with its own. The model written is a new head (every field but the big tensors' bytes, which point
-    at the data file); the caller's model is neither changed nor copied: protobuf cannot free a field it
-    clears, so moving the bytes out and back would grow the caller's model by its weights on every save."""
-    import hashlib
-
-    digest = hashlib.blake2b(digest_size=6)
-    head = onnx.ModelProto()
-    _copy_fields(head, model, skip="graph")
-    _copy_fields(head.graph, model.graph, skip="initializer")
-    written: list[TensorProto] = []
-    # the weights' temporary gets its final name (from their digest) when the block ends
-    with atomic_write(path, suffix=".data.tmp") as pending:
-        with pending.open("wb") as f:
-            offset = 0
-            for t in model.graph.initializer:
-                out = head.graph.initializer.add()
-                kept_apart = in_memory(t)
-                if not kept_apart and (not t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL
-                                       or tensor_bytes(t) < _EXTERNAL_MIN_TENSOR):
-                    out.CopyFrom(t)
-                    continue
-                if kept_apart:  # the array's own bytes, little-endian as ONNX stores them
-                    arr = external[t.name]
-                    raw = memoryview(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).reshape(-1)
-                                     .view(np.uint8))
-                else:
-                    raw = t.raw_data  # one tensor's bytes at a time
-                f.write(raw)
-                digest.update(raw)
-                _copy_fields(out, t, skip=("raw_data", "data_location", "external_data"))
-                out.data_location = TensorProto.EXTERNAL
-                for k, v in (("location", ""), ("offset", str(offset)), ("length", str(len(raw)))):
-                    entry = out.external_data.add()
-                    entry.key, entry.value = k, v
-                written.append(out)
-                offset += len(raw)  # a memoryview of bytes: its length is its bytes
-                del raw
-        data_name = f"{path.name}.{digest.hexdigest()}.data"
-        for t in written:
-            t.external_data[0].value = data_name
-        try:
-            head = head.SerializeToString()
-        except Exception as e:  # still over protobuf's 2 GiB without the big weights
-            raise OutputPathError(f"cannot write {path}: the model is too large to serialise even with its "
-                                  f"weights outside ({brief_error(e)})") from e
-        existed = (path.parent / data_name).exists()  # the same weights written before: the old model uses it
-        pending.destination = path.parent / data_name  # data first: the model never points at missing bytes
-    try:
-        write_atomic(path, head)
-    except BaseException:
-        if not existed:  # no model refers to it
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path.parent / data_name)
-        raise
-    return data_name

@@ -429,7 +429,7 @@ def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
     it whole. Past the limit protobuf cannot even count its size (ByteSize raises)."""
     from google.protobuf.message import EncodeError
 
-    from xrl.frontends.onnx_io import initializer_bytes
+    from xrl.frontends.onnx_weights import initializer_bytes
 
     limit = 2 ** 31 - 2 ** 20
     weights = initializer_bytes(model)  # cheap; ByteSize walks the whole message
@@ -452,7 +452,7 @@ PREPASS_S_PER_GIB = 120.0
 def scaled_time_limit(model: onnx.ModelProto, time_limit: float) -> float:
     """`time_limit`, raised to PREPASS_S_PER_NODE per node plus PREPASS_S_PER_GIB per GiB of weights where that
     is more (bert-base, 1,000 nodes and 0.4 GiB: 98 s; a 1e9-parameter decoder: about 520 s)."""
-    from xrl.frontends.onnx_io import initializer_bytes
+    from xrl.frontends.onnx_weights import initializer_bytes
 
     need = PREPASS_S_PER_NODE * len(model.graph.node) + PREPASS_S_PER_GIB * initializer_bytes(model) / 2 ** 30
     return max(time_limit, need)

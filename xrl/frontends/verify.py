@@ -18,7 +18,8 @@ from onnx import helper
 
 from xrl.errors import ConfigError, DynamicShapeError, VerificationError
 from xrl.frontends.onnx_fold import DTYPE_TO_ONNX, dims_of
-from xrl.frontends.onnx_io import brief_error, in_memory, split_model, to_onnx, trim_heap
+from xrl.frontends.onnx_io import brief_error, to_onnx
+from xrl.frontends.onnx_weights import in_memory, split_model, trim_heap
 from xrl.ir import Graph
 from xrl.quiet import quiet_onnxruntime
 
