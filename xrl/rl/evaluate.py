@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from xrl.features.incremental import IncrementalFeatures
 from xrl.features.metagraph import FeatureCache
 from xrl.ir import Graph
 from xrl.nn.policy import GraphPolicy
+from xrl.rl.policy_run import PolicyRun  # defined there, without torch (xrl.rl.rl_search)
 from xrl.rl.rollout import observe, uphill_paid_off
 
 
@@ -38,25 +39,6 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-@dataclass
-class PolicyRun:
-    """The best graph a set of rollouts reached, and how."""
-
-    graph: Graph
-    cost: float
-    original_cost: float
-    steps: list[str]  # rewrites from the input to `graph`
-    rollouts: int
-    env_steps: int
-    time_s: float
-    uphill_paid_off: bool  # the best rollout raised the cost at some step and still ended cheaper
-    rollout_speedups: list[float] = field(default_factory=list)
-
-    @property
-    def speedup(self) -> float:
-        return self.original_cost / self.cost if self.cost > 0 else float("nan")
-
 
 @dataclass
 class _Trajectory:

@@ -29,6 +29,7 @@ lives in `xrl.rl` (above the search package, whose greedy search and result type
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ from xrl.search.result import SearchResult
 MODES = ("guided", "argmax")
 PRIORS = ("trained", "untrained", "uniform", "cost")  # xrl.rl.priors.PRIORS, without importing torch
 GUIDED_BUDGET_S = 60.0
+# What loading the policy is expected to take (issue 32.4: a time limit includes it): torch and torch_geometric's
+# import when they are not loaded yet (2.8 s on the loaded 2-core machine), else the policy file's (0.07 s). A run
+# whose limit leaves less after greedy returns greedy's result without loading the policy (PolicyRun.policy_loaded).
+COLD_LOAD_S, WARM_LOAD_S = 2.5, 0.1
 
 
 
@@ -48,8 +53,11 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
               engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
               budget: float | None = None, prior: str = "trained", stop: bool = True,
-              trace: list[tuple[float, float]] | None = None, anchor: bool | None = None):
-    """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.evaluate.PolicyRun`."""
+              trace: list[tuple[float, float]] | None = None, anchor: bool | None = None,
+              value_weight: float | None = None, value_stop: float | None = None):
+    """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.policy_run.PolicyRun`.
+    The time limit counts from the call: greedy's run, torch's import and the policy's load come out of it.
+    `value_weight` / `value_stop`: the guided search's use of the value head (None: its defaults)."""
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
     if samples < 0:
@@ -61,6 +69,10 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
             raise ConfigError(f"{name} must be positive, not {value}")
     if prior not in PRIORS:
         raise ConfigError(f"unknown prior {prior!r} for --search rl; choose one of: {', '.join(PRIORS)}")
+    if value_weight is not None and not value_weight >= 0:
+        raise ConfigError(f"value_weight must be >= 0, not {value_weight}")
+    if value_stop is not None and not value_stop >= 0:
+        raise ConfigError(f"value_stop must be >= 0 (percent of the input's cost), not {value_stop}")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
     from xrl.rl.policy_files import existing_policy_path  # no torch: a wrong --policy is refused before any work
@@ -83,6 +95,8 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         first = greedy_search(graph, cost_model, getattr(engine, "engine", engine),
                               time_limit=min(given) if given else None)
         incumbent = (first.graph, first.cost, list(first.steps))
+    if given and time.perf_counter() + expected_load_s() > t0 + min(given):
+        return unloaded(graph, first.original_cost if anchored else cost_model.cost(graph), incumbent, t0)
     from xrl.env.graph_rewrite import default_horizon  # torch and torch_geometric: after greedy (see above)
     from xrl.rl.checkpoint import load_policy
     from xrl.rl.evaluate import one_torch_thread, optimize_with_policy
@@ -99,12 +113,28 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
                 limit = min(given) if given else time.perf_counter() - t0 + GUIDED_BUDGET_S
             else:  # t0 stays the run's start: the time limit includes torch's import and the policy's load
                 limit = min(t for t in (time_limit, budget or GUIDED_BUDGET_S) if t is not None)
+            values = {k: v for k, v in (("value_weight", value_weight), ("value_stop", value_stop)) if v is not None}
             return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
                                         horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),
                                         expand=int(expand or guided.EXPAND), time_limit=limit, stop=stop,
-                                        trace=trace, incumbent=incumbent, t0=t0)
+                                        trace=trace, incumbent=incumbent, t0=t0, **values)
+        left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t0))  # the load's out
         return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
-                                    seed=seed, max_candidates=cap, time_limit=time_limit)
+                                    seed=seed, max_candidates=cap, time_limit=left)
+
+
+def expected_load_s() -> float:
+    """What loading a policy will take in this process: COLD_LOAD_S until torch_geometric is imported."""
+    return WARM_LOAD_S if "torch_geometric" in sys.modules else COLD_LOAD_S
+
+
+def unloaded(graph: Graph, c0: float, incumbent: tuple[Graph, float, list[str]] | None, t0: float):
+    """The run when its time limit leaves no time to load the policy: greedy's result (the input without one);
+    `c0`: the input's cost."""
+    from xrl.rl.policy_run import PolicyRun
+
+    best, cost, steps = incumbent if incumbent is not None else (graph, c0, [])
+    return PolicyRun(best, cost, c0, list(steps), 0, 0, time.perf_counter() - t0, False, policy_loaded=False)
 
 
 def candidate_cap(ckpt: dict[str, Any], requested: int | None) -> int | None:
@@ -120,9 +150,10 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
            **options: Any) -> SearchResult:
     """The runner of `--search rl` (registered by xrl.policies.search_entry): options `policy` (a checkpoint path),
     `mode` (guided | argmax), `prior`,
-    `width`, `expand`, `budget`, `stop` and `anchor` (guided), `samples` (argmax: extra sampled rollouts),
-    `max_candidates`."""
-    known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "anchor", "samples", "max_candidates")
+    `width`, `expand`, `budget`, `stop`, `anchor`, `value_weight` and `value_stop` (guided), `samples` (argmax: extra
+    sampled rollouts), `max_candidates`."""
+    known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "anchor", "value_weight", "value_stop",
+             "samples", "max_candidates")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
@@ -134,13 +165,26 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
                     seed=seed, time_limit=time_limit, max_candidates=options.get("max_candidates"), mode=mode,
                     width=options.get("width"), expand=options.get("expand"), budget=options.get("budget"),
                     prior=str(options.get("prior") or "trained"), stop=as_flag(options.get("stop", True), "stop"),
-                    trace=trace, anchor=None if options.get("anchor") is None else as_flag(options["anchor"], "anchor"))
+                    trace=trace, anchor=None if options.get("anchor") is None else as_flag(options["anchor"], "anchor"),
+                    value_weight=as_number(options.get("value_weight"), "value_weight"),
+                    value_stop=as_number(options.get("value_stop"), "value_stop"))
     return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
                         explored=run.env_steps, time_s=run.time_s, method="rl", details={
                             "policy": str(options.get("policy") or "default"), "mode": mode,
                             "prior": str(options.get("prior") or "trained"), "rollouts": run.rollouts,
                             "env_steps": run.env_steps, "uphill_paid_off": run.uphill_paid_off,
-                            "trace": trace})  # guided: (seconds, best cost) at every new best
+                            # trace, guided: (seconds, best cost) at every new best
+                            "policy_loaded": run.policy_loaded, "trace": trace})
+
+
+def as_number(value: Any, name: str) -> float | None:
+    """A numeric search option, given as a number or as text (None: not given)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"option {name} must be a number, not {value!r}") from None
 
 
 def as_flag(value: Any, name: str) -> bool:
