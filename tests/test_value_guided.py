@@ -103,3 +103,14 @@ def test_the_research_policy_value_head_is_read_in_state_units():
 
     net, ckpt = load_policy(existing_policy_path("research"))
     assert "value_head" in ckpt["metadata"] and net.cfg.value_unit == "state"
+
+
+def test_the_value_flags_are_search_rl_options(capsys):
+    from cli_helpers import assert_user_error, run
+
+    assert_user_error(*run(capsys, "bench", "--graphs", "gen_branch_trap_0", "--value-weight", "1")[::2],
+                      "--search rl")
+    assert_user_error(*run(capsys, "optimize", "mlp", "--value-stop", "1")[::2], "--search rl only")
+    code, out, _ = run(capsys, "bench", "--policy", "research", "--graphs", "gen_branch_trap_0", "--budget", "0.5",
+                       "--value-weight", "0", "--value-stop", "1", "--json")
+    assert code == 0 and '"verified": true' in out

@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from xrl.cli.commands import SearchNamesHelp
+from xrl.cli.commands import SearchNamesHelp, add_value_args, value_options
 from xrl.cli.output import format_table, print_json
 
 
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=float, default=10.0, metavar="S", help="seconds per graph and seed (default 10)")
     p.add_argument("--calls", type=int, metavar="N", help="also stop each run after N cost-model calls (the search "
                                                           "option max_cost_calls; the seconds still bound it)")
+    add_value_args(p)
     p.add_argument("--seeds", default="1", metavar="N|S1,S2,...",
                    help="a count N (seeds 0..N-1; default 1: seed 0) or a comma-separated list of seeds (3,7)")
     p.add_argument("--list", action="store_true", help="list the suite's graphs and references; run nothing")
@@ -71,6 +72,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options: dict = {"policy": args.policy} if args.policy else {}
     if args.calls is not None:
         options["max_cost_calls"] = args.calls
+    if value_options(args):
+        if not method.startswith("rl"):
+            raise ConfigError("--value-weight and --value-stop apply to --search rl (and its prior variants)")
+        options.update(value_options(args))
     bar = None
     if sys.stderr.isatty():
         from tqdm import tqdm

@@ -129,6 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "network initialised from --seed; uniform; cost: a softmax over each rewrite's estimated gain)")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="--search rl --rl-mode argmax: also play K sampled rollouts and keep the best graph")
+    add_value_args(p)
     p.add_argument("--max-cost-calls", type=int, metavar="N", help="stop the search after N cost-model calls (any "
                    "search; the search option max_cost_calls, beside --time-limit)")
     p.add_argument("--beam-width", type=int, metavar="K", help="--search beam: graphs kept per level (default 8)")
@@ -315,6 +316,21 @@ def parse_threads(text: str) -> int | None:
     return threads
 
 
+def add_value_args(p: argparse.ArgumentParser) -> None:
+    """The guided search's use of the policy's value head (xrl.rl.guided: value_weight, value_stop)."""
+    p.add_argument("--value-weight", type=float, metavar="W",
+                   help="--search rl, guided: rank the beam by the gain reached plus W times the value head's "
+                        "estimate of the gain left (default 1; 0: by the gain reached alone)")
+    p.add_argument("--value-stop", type=float, metavar="T",
+                   help="--search rl, guided: do not expand a state the value head gives at most T%% of the input's "
+                        "cost left, and end the search when no other state is left open (default: off)")
+
+
+def value_options(args: argparse.Namespace) -> dict:
+    """--value-weight / --value-stop as the search options of --search rl (checked there)."""
+    return {k: v for k, v in (("value_weight", args.value_weight), ("value_stop", args.value_stop)) if v is not None}
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from xrl.api import check_output_path, check_search_options, optimize
 
@@ -331,12 +347,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:  # fail before the search, not after it
         check_output_path(args.output, loaded.path, force=args.force)
     options: dict = {}
-    if args.policy or args.samples or args.rl_mode or args.prior:
+    values = value_options(args)
+    if args.policy or args.samples or args.rl_mode or args.prior or values:
         if args.search != "rl":
             from xrl.errors import ConfigError
 
-            raise ConfigError("--policy, --rl-mode, --prior and --samples apply to --search rl only")
-        options = {"policy": args.policy} if args.policy else {}
+            raise ConfigError("--policy, --rl-mode, --prior, --samples, --value-weight and --value-stop apply to "
+                              "--search rl only")
+        options = {"policy": args.policy, **values} if args.policy else dict(values)
         if args.prior:
             options["prior"] = args.prior
         if args.samples:
