@@ -99,7 +99,7 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
     """Where the searches start, and the guard's peer candidates: (base, merged, start, reports, peers).
 
     Exact merges that only remove work (LoRA adapters into their layers' weights) come before the pre-passes,
-    whose fusions match the merged model's plain MatMul+Add form (`xrl.search.exact_first`): `base` is the
+    whose fusions match the merged model's plain MatMul+Add form (`xrl.deploy.exact_merges`): `base` is the
     original with its adapters merged (`merged`: those rewrites), or the original. `start` is `base` after the
     target's chain of pre-passes. With `peers_wanted`, the peers' passes each run alone too (onnxscript's,
     which the chain leaves out, and each of the chain's): `peers` are their results, (label, graph), which the
