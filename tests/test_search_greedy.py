@@ -58,8 +58,8 @@ def test_greedy_is_deterministic_and_bounded(engine: RewriteEngine, model) -> No
     two = greedy_search(graph, model, engine, max_steps=2)
     assert two.steps == a.steps[:2]
     assert greedy_search(graph, model, engine, time_limit=0).steps == []
-    json.dumps(a.to_dict())
-    assert a.to_dict()["speedup"] == pytest.approx(a.original_cost / a.cost)
+    json.dumps(a.to_json())
+    assert a.to_json()["speedup"] == pytest.approx(a.original_cost / a.cost)
 
 
 def test_random_search_repeats_with_its_seed(engine: RewriteEngine, model) -> None:

@@ -41,7 +41,7 @@ class EnvState:
     cost: str = ""  # the cost model the reward was measured under
     speedup: float = 1.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["actions"] = list(self.actions)
         return d
@@ -155,14 +155,14 @@ def with_reward_check(replayed: ValidationResult, state: EnvState, *, measured: 
 # ----- files ------------------------------------------------------------------------------------
 def dumps(states: Sequence[EnvState], fmt: str = "json") -> str:
     if fmt == "json":
-        body: Any = states[0].to_dict() if len(states) == 1 else [s.to_dict() for s in states]
+        body: Any = states[0].to_json() if len(states) == 1 else [s.to_json() for s in states]
         return json.dumps(body, indent=2) + "\n"
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
         w.writeheader()
         for s in states:
-            d = s.to_dict()
+            d = s.to_json()
             d["actions"] = " ".join(s.actions)
             w.writerow({k: d[k] for k in CSV_FIELDS})
         return buf.getvalue()

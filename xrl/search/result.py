@@ -36,7 +36,7 @@ class SearchResult:
         """original_cost / cost: above 1 is faster."""
         return self.original_cost / self.cost if self.cost > 0 else float("inf")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """JSON-ready, without the graph itself (its size and hash stand for it)."""
         return {"method": self.method, "cost": self.cost, "original_cost": self.original_cost,
                 "speedup": self.speedup, "steps": list(self.steps), "explored": self.explored,

@@ -65,7 +65,7 @@ class TensorSpec:
     def nbytes(self) -> int:
         return self.elements * self.dtype.itemsize
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "type": self.type}
 
     @staticmethod
@@ -332,7 +332,7 @@ class FifoWriter:
 
 
 def write_header(out: BinaryIO, features: list[TensorSpec], advice: TensorSpec) -> None:
-    out.write(json.dumps({"features": [f.to_dict() for f in features], "advice": advice.to_dict()}).encode() + b"\n")
+    out.write(json.dumps({"features": [f.to_json() for f in features], "advice": advice.to_json()}).encode() + b"\n")
     out.flush()
 
 
@@ -408,7 +408,7 @@ class PolicyServer:
             reader = _Reader(inp, self.timeout)
             features, advice = read_header(reader)
             if math.prod(advice.shape) != 1 or advice.type not in ("int64", "int32"):
-                raise PipeProtocolError(f"advice must be one integer, not {advice.to_dict()}")
+                raise PipeProtocolError(f"advice must be one integer, not {advice.to_json()}")
             check_features(self.policy, features)
             while (obs := read_message(reader, features, self.decisions)) is not None:
                 action = self._choose(obs, advice)
