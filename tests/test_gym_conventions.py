@@ -69,7 +69,7 @@ def test_state_replays_validates_and_round_trips(env, engine, tmp_path):
         env.step(int(np.flatnonzero(u.action_masks())[-1]))
     st = u.state
     assert st.graph == "tiny_cnn" and len(st.actions) == 3 and all("@" in a for a in st.actions)
-    assert st.reward == pytest.approx(u.episode_reward) and st.graph_hash == u._start.canonical_hash
+    assert st.reward == pytest.approx(u.episode_reward) and st.graph_hash == u.start_graph.canonical_hash
 
     other = gym.make("xrl/GraphRewrite-v0", engine=engine, horizon=6).unwrapped
     other.apply(st)

@@ -271,6 +271,16 @@ class GraphRewriteEnv(gym.Env):
     def speedup(self) -> float:
         return self.cost0 / self.cost
 
+    @property
+    def start_graph(self) -> Graph:
+        """The graph the episode started from."""
+        return self._start
+
+    @property
+    def source(self) -> str | None:
+        """How the start graph is loaded again (a built-in name or a model file), None for a Graph given as is."""
+        return self._source
+
     def _obs(self) -> dict[str, Any]:
         g = self.graph
         summary = np.array([len(g) / self.nodes0, graph_flops(g) / self.flops0, graph_bytes(g) / self.bytes0,

@@ -130,7 +130,7 @@ def validate(env: GraphRewriteEnv, state: EnvState, *, seed: int = 0, rtol: floa
     except ConfigError as e:
         return ValidationResult(False, False, False, math.nan, math.inf, (str(e),))
     reward = replay.episode_reward
-    ref = reference_model(replay._source, replay._start)
+    ref = reference_model(replay.source, replay.start_graph)
     res = compare_models(ref, to_onnx(replay.graph), seed=seed, rtol=rtol, atol=atol)
     if not res.ok:
         errors.append(f"outputs differ from the source: {res.detail}")
