@@ -132,7 +132,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
             if key not in replays:
                 replays[key] = env.validate(st)
-            res = with_reward_check(replays[key], st, measured=bool(getattr(env.cost_model, "measured", False)))
+            res = with_reward_check(replays[key], st, measured=env.cost_model.measured)
             rec.update(valid=res.ok, replayed_reward=res.reward, max_abs_err=res.max_abs_err, errors=list(res.errors))
             failed += not res.ok
         else:

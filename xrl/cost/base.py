@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from xrl.errors import ConfigError
@@ -52,6 +53,10 @@ class CostModel(ABC):
     # True where the model re-costs a rewrite from the kernels near it (`plan_costs` once a step, then
     # `local_cost` per candidate: xrl.cost.kernel_measured); greedy and the call budget read this flag
     local_costing: bool = False
+    # what a measuring model counted so far (kernels or ops timed, cache hits, ...): rollouts report the
+    # difference over an update. Empty, and read-only, for a model that counts nothing; a counting model
+    # sets its own dict in __init__
+    stats: Mapping[str, float] = MappingProxyType({})
 
     def __init__(self) -> None:
         self._op_cache: dict[tuple, float] = {}
@@ -85,6 +90,11 @@ class CostModel(ABC):
         """What the model did for the result's `cost_report` (a measuring model's cache hits and timing
         time); None where there is nothing to say (an estimate)."""
         return None
+
+    def budget_exhausted(self) -> bool:
+        """True once a cost-call budget (xrl.search.budget.CallBudget, which replaces this on its copy of
+        the model) has been spent: a search that would only spin on +inf answers stops."""
+        return False
 
     def per_op_estimate(self) -> CostModel | None:
         """A per-op model for what needs a sum over ops (tensat's ILP extraction): this model when it is

@@ -140,7 +140,7 @@ class MeasurementActor:
 
     def stats(self) -> dict[str, int]:
         """What the backend counted (the op backend: timings measured here, timings found in the cache)."""
-        return dict(getattr(self.model, "stats", {}))
+        return dict(self.model.stats)
 
     def where(self) -> tuple[int, str]:
         """(pid, node id)."""

@@ -135,7 +135,7 @@ def validate(env: GraphRewriteEnv, state: EnvState, *, seed: int = 0, rtol: floa
     if not res.ok:
         errors.append(f"outputs differ from the source: {res.detail}")
     outputs = ValidationResult(res.ok, True, res.ok, reward, res.max_abs_err, tuple(errors))
-    return with_reward_check(outputs, state, measured=bool(getattr(env.cost_model, "measured", False)))
+    return with_reward_check(outputs, state, measured=env.cost_model.measured)
 
 
 def with_reward_check(replayed: ValidationResult, state: EnvState, *, measured: bool) -> ValidationResult:

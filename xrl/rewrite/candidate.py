@@ -213,9 +213,9 @@ class Candidate:
     def delta_cost(self, cost_model: Any, parent_cost: float) -> float:
         """The rewritten graph's cost under `cost_model` (an `xrl.cost.CostModel`), given the parent's:
         from the delta for per-op models (no graph is built), else by costing `graph`."""
-        if getattr(cost_model, "per_op", False):
+        if cost_model.per_op:
             return cost_model.delta_cost(self.parent, parent_cost, self.cost_graph, self.removed, self.added)
-        if not getattr(cost_model, "measured", True):  # an estimate reads structure and types only
+        if not cost_model.measured:  # an estimate reads structure and types only
             return cost_model.cost(self.skeleton)
         return cost_model.cost(self.graph)
 

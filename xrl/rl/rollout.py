@@ -219,13 +219,13 @@ class Worker:
         gen = torch.Generator().manual_seed(int(seq.generate_state(1)[0]))
         out = Rollout()
         names = list(self.spec.graphs)
-        before = dict(getattr(self.cost, "stats", {}))
+        before = dict(self.cost.stats)
         for _ in range(self.spec.episodes_per_worker):
             name = names[int(rng.integers(len(names)))]
             rec = play_episode(self.env, self.policy, self.featurize, self._graph(name), greedy=False,
                                generator=gen, record_to=out, mask_stop=self.spec.mask_stop)
             out.episodes.append(rec)
-        out.cost_stats = {k: float(v) - float(before.get(k, 0.0)) for k, v in getattr(self.cost, "stats", {}).items()}
+        out.cost_stats = {k: float(v) - float(before.get(k, 0.0)) for k, v in self.cost.stats.items()}
         return out
 
     def evaluate(self, weights: Mapping[str, torch.Tensor], names: Sequence[str]) -> list[EpisodeRecord]:
