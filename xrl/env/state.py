@@ -15,13 +15,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from xrl.cost.base import CostModel
 from xrl.errors import ConfigError
 from xrl.ir import Graph
-
-if TYPE_CHECKING:
-    from xrl.env.graph_rewrite import GraphRewriteEnv
 
 CSV_FIELDS = ("graph", "graph_hash", "reward", "speedup", "cost", "actions")
 # A state file is a record of a few episodes, read from wherever a user got it: bounded before it is parsed.
@@ -117,7 +115,24 @@ def reference_model(spec: str | None, graph: Graph):
     return to_onnx(graph)
 
 
-def validate(env: GraphRewriteEnv, state: EnvState, *, seed: int = 0, rtol: float = 1e-3,
+class Replayable(Protocol):
+    """What `validate` replays a state on (xrl.env.graph_rewrite.GraphRewriteEnv), named here so that this
+    module, which the env imports, does not import it back."""
+
+    cost_model: CostModel
+    episode_reward: float
+
+    @property
+    def graph(self) -> Graph: ...
+    @property
+    def start_graph(self) -> Graph: ...
+    @property
+    def source(self) -> str | None: ...
+    def replica(self) -> Replayable: ...
+    def apply(self, state: EnvState) -> None: ...
+
+
+def validate(env: Replayable, state: EnvState, *, seed: int = 0, rtol: float = 1e-3,
              atol: float = 1e-4) -> ValidationResult:
     """Replay `state` on a fresh copy of `env`; check the reward and the outputs (see GraphRewriteEnv.validate)."""
     from xrl.frontends.onnx_io import to_onnx
