@@ -41,6 +41,23 @@ def test_choose_never_writes_a_slower_candidate() -> None:
     assert choose({"search": speedup(0.996, 1.002, 0.997, 0.999, 1.0, 0.998)})[0] == ORIGINAL
 
 
+def test_between_candidates_within_noise_of_each_other_the_one_with_fewer_ops_is_written() -> None:
+    # issue 35 item 5: a re-parameterisation merged in full (fewer ops) against one left half merged, the two
+    # measured within noise of each other and both faster than the original: the full merge is written
+    full = speedup(1.30, 1.31, 1.29, 1.30, 1.32, 1.30)
+    half = speedup(1.31, 1.32, 1.30, 1.31, 1.33, 1.31)
+    assert full.verdict == half.verdict == "faster"
+    assert choose({"full": full, "half": half})[0] == "half"  # without sizes: the fastest point estimate
+    label, why = choose({"full": full, "half": half}, sizes={"full": 47, "half": 85})
+    assert label == "full" and "within noise of half" in why and "47 against 85" in why
+    # resolved apart (the smaller one's interval below the fastest's): the measurement decides
+    slow_full = speedup(1.10, 1.11, 1.09, 1.10, 1.12, 1.10)
+    assert choose({"full": slow_full, "half": half}, sizes={"full": 47, "half": 85})[0] == "half"
+    # a smaller candidate that is not faster than the original is never written for its size
+    flat = speedup(1.004, 0.998, 1.003, 1.001, 1.0, 1.002)
+    assert choose({"full": flat, "half": half}, sizes={"full": 47, "half": 85})[0] == "half"
+
+
 class FakeTimer(CostModel):
     """An end-to-end timer whose graphs take `seconds[name]` with seeded multiplicative noise."""
 

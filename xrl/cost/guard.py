@@ -11,7 +11,8 @@ The rule: a changed model is written only when it is measurably faster than the 
 noise of this run: its verdict is "faster", which with the A/A control means its 95% interval lies
 above 1 and above the A/A control's interval, and its point estimate is further from 1 than the A/A
 control's farthest end (`MeasuredSpeedup.verdict`). Of those, the one with the highest speed-up is
-written; when none is, the original itself is written and the reason says why (measured slower,
+written, or, among those the rounds cannot tell apart from it, the one with the fewest ops (an exact merge
+is not left half done for noise); when none is, the original itself is written and the reason says why (measured slower,
 within noise, or too noisy to tell), and its reported interval is the A/A control's: what identical
 work measured in this run.
 
@@ -211,15 +212,19 @@ def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardC
         racing = [n for n in racing if n in (ORIGINAL, "A/A") or current[n] is leader
                   or ratio_interval(current[n].round_speedups)[1] >= low]
     control_rounds = ratios("A/A")
-    chosen, reason = choose(current, ratio_interval(control_rounds), rounds=r)
+    chosen, reason = choose(current, ratio_interval(control_rounds), rounds=r,
+                            sizes={c.label: len(c.graph) for c in distinct})
     return GuardResult(chosen, reason, current, r, time.perf_counter() - t0, control_rounds, why)
 
 
 def choose(measured: dict[str, MeasuredSpeedup], control: tuple[float, float] | None = None, *,
-           rounds: int | None = None) -> tuple[str, str]:
+           rounds: int | None = None, sizes: dict[str, int] | None = None) -> tuple[str, str]:
     """The label to write and why: the fastest candidate measured faster than the original beyond the noise
     (`writable`); the original itself when there is none. `control`: the A/A control's interval, for the
-    reason (each candidate carries its own control rounds)."""
+    reason (each candidate carries its own control rounds). `sizes` (label -> ops): among the writable
+    candidates the measurement cannot tell apart from the fastest (an interval reaching the fastest's lower
+    end), the one with the fewest ops is written: a re-parameterisation merged in full is not left half done
+    because noise put the half-merged graph a hair ahead."""
     eligible = {k: m for k, m in measured.items() if writable(m)}
     slower = sorted(k for k, m in measured.items() if m.verdict == "slower")
     if not eligible:
@@ -241,6 +246,15 @@ def choose(measured: dict[str, MeasuredSpeedup], control: tuple[float, float] | 
                 why += f", A/A [{control[0]:.3f}-{control[1]:.3f}])" if control else ")"
         return ORIGINAL, f"{why}: the original is written"
     best = max(eligible, key=lambda k: eligible[k].speedup)
+    if sizes:
+        floor = eligible[best].interval[0]
+        tied = [k for k in eligible if eligible[k].interval[1] >= floor]  # not resolved apart from the fastest
+        smallest = min(tied, key=lambda k: (sizes.get(k, 1 << 62), -eligible[k].speedup))
+        if sizes.get(smallest, 1 << 62) < sizes.get(best, 1 << 62):
+            m, (lo, hi) = eligible[smallest], eligible[smallest].interval
+            return smallest, (f"{smallest} measured faster than the original ({m.speedup:.3f}x [{lo:.3f}-{hi:.3f}]) "
+                              f"and within noise of {best} ({eligible[best].speedup:.3f}x), with fewer ops "
+                              f"({sizes[smallest]} against {sizes[best]})")
     m = eligible[best]
     lo, hi = m.interval
     note = f"; {', '.join(slower)} measured slower" if slower else ""
