@@ -230,7 +230,8 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
                   incumbent: tuple[Graph, float, list[str]] | None = None, t0: float | None = None,
                   restarts: int = RESTARTS, timer: Callable[[], float] = time.perf_counter,
                   value_weight: float = VALUE_WEIGHT, value_stop: float | None = VALUE_STOP,
-                  expanded: list[list[str]] | None = None) -> PolicyRun:
+                  expanded: list[list[str]] | None = None, action: str = "flat",
+                  top_rules: int | None = None) -> PolicyRun:
     """The cheapest graph the prior's argmax rollout or the prior-guided beam reached within `time_limit`
     seconds of `t0` (default: now) (`prior`: an xrl.rl.priors.Prior, or a GraphPolicy for the trained prior).
     With `stop`, the search also ends where it stops paying (the module's doc). `incumbent` (graph, cost,
@@ -245,7 +246,10 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     `value_stop` (None: off): a state whose V is at most this (percent of the input's cost) is not expanded,
     and the search ends after a pass that found nothing new and left no state above it unexpanded (the
     module's doc). Both read a prior's value head; priors without one (cost, uniform) ignore them.
-    `expanded`, if given, receives the path (steps) of every state the beam expands, in order."""
+    `expanded`, if given, receives the path (steps) of every state the beam expands, in order.
+    `action`: "flat" (every rewrite of a state is built and offered to the prior) or "factored" (xrl.rl.factored:
+    the rules that match are scored first and only the `top_rules` best rules' rewrites are built, scored by the
+    rule-level cost prior: the rule head, untrained, adds nothing and is not run)."""
     if width < 1 or expand < 1:
         raise ValueError(f"width and expand must be at least 1, not {width} and {expand}")
     if not value_weight >= 0 or (value_stop is not None and not value_stop >= 0):
@@ -257,6 +261,13 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0,
                    now=timer, spent=spent)
     # one engine (its rules parsed and verified once) for the argmax rollout and the beam, remembering states
+    if action not in ("flat", "factored"):
+        raise ValueError(f"action must be flat or factored, not {action!r}")
+    if action == "factored":
+        from xrl.rl.factored import TOP_RULES, FactoredEngine
+
+        raw = unwrapped(engine) if engine is not None else memo_engine(None).engine
+        engine = FactoredEngine(raw, cost_model, top=top_rules or TOP_RULES)
     engine = memo_engine(engine)
     env = make_env(graph, cost_model, engine=engine, horizon=horizon, max_candidates=max_candidates)
     env.reset(options={"graph": graph})
@@ -351,7 +362,7 @@ def _rule_first(env: Any, c0: float, prior: Prior, cost_model: CostModel, engine
         name = rule_name(cand)
         if name not in rules and name not in skip:
             rules.append(name)
-    raw = getattr(engine, "engine", engine)
+    raw = unwrapped(engine)
     by_name = {str(getattr(r, "name", r)): r for r in raw.rules}
     costed = 0
     for name in rules[:restarts]:
@@ -363,6 +374,13 @@ def _rule_first(env: Any, c0: float, prior: Prior, cost_model: CostModel, engine
         _, _, m = _descend(graph, cost, cost_model, engine, env.nodes0, clock, best, path)
         costed += n + m
     return costed
+
+
+def unwrapped(engine: Any) -> Any:
+    """The RewriteEngine under a MemoEngine or a FactoredEngine."""
+    while hasattr(engine, "engine"):
+        engine = engine.engine
+    return engine
 
 
 def _descend(graph: Graph, cost: float, cost_model: CostModel, engine: Any, nodes0: int, clock: _Clock,
