@@ -206,6 +206,10 @@ class MeasuredKernelCostModel(TargetCostModel):
         self._timed_s = 0.0
         self._overhead: RunOverhead | None = None
 
+    def timing_device(self) -> str | None:
+        """Where its kernels are timed: the target's provider on this machine."""
+        return "cpu" if self.target.provider == "cpu" else "cuda"
+
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (a worker process gets a copy): open sessions stay behind, to be made anew there."""
         state = dict(self.__dict__)
