@@ -91,3 +91,17 @@ def test_the_guided_search_runs_on_the_factored_action(mixed, shipped, prior):
     assert suite.replay(g, run.steps, eng).canonical_hash == run.graph.canonical_hash
     with pytest.raises(ValueError, match="action"):
         guided_search(p, g, cost, engine=eng, time_limit=1.0, action="diagonal")
+
+
+def test_search_rl_takes_the_action_option(mixed):
+    from xrl.errors import ConfigError
+    from xrl.search.registry import run_search
+
+    g, _, cost = mixed
+    with use_rules(suite.RULES):
+        res = run_search("rl", g, cost, seed=0, steps=None, time_limit=3.0,
+                         options={"action": "factored", "top_rules": "1"})
+        assert res.cost <= cost.cost(g) and res.details["policy_loaded"]
+        for bad in ({"action": "diagonal"}, {"action": "factored", "mode": "argmax"}, {"top_rules": 0}):
+            with pytest.raises(ConfigError):
+                run_search("rl", g, cost, seed=0, steps=None, time_limit=3.0, options=bad)

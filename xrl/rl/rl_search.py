@@ -54,10 +54,12 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
               engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
               budget: float | None = None, prior: str = "trained", stop: bool = True,
               trace: list[tuple[float, float]] | None = None, anchor: bool | None = None,
-              value_weight: float | None = None, value_stop: float | None = None):
+              value_weight: float | None = None, value_stop: float | None = None, action: str = "flat",
+              top_rules: int | None = None):
     """Run a policy checkpoint (None: the shipped default) on `graph`; returns `xrl.rl.policy_run.PolicyRun`.
     The time limit counts from the call: greedy's run, torch's import and the policy's load come out of it.
-    `value_weight` / `value_stop`: the guided search's use of the value head (None: its defaults)."""
+    `value_weight` / `value_stop`: the guided search's use of the value head (None: its defaults); `action`: flat
+    or factored (xrl.rl.factored: only the `top_rules` best-scored rules' rewrites built at a state)."""
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be at least 1 for --search rl, not {steps}")
     if samples < 0:
@@ -73,6 +75,12 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
         raise ConfigError(f"value_weight must be >= 0, not {value_weight}")
     if value_stop is not None and not value_stop >= 0:
         raise ConfigError(f"value_stop must be >= 0 (percent of the input's cost), not {value_stop}")
+    if action not in ("flat", "factored"):
+        raise ConfigError(f"unknown action {action!r} for --search rl; choose flat or factored")
+    if top_rules is not None and top_rules < 1:
+        raise ConfigError(f"top_rules must be at least 1, not {top_rules}")
+    if action != "flat" and mode != "guided":
+        raise ConfigError("action factored applies to the guided mode of --search rl")
     if prior != "trained" and mode != "guided":
         raise ConfigError(f"prior {prior!r} guides the search of mode guided; mode argmax plays the trained policy")
     from xrl.rl.policy_files import existing_policy_path  # no torch: a wrong --policy is refused before any work
@@ -117,7 +125,8 @@ def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None 
             return guided.guided_search(make_prior(prior, policy=net, seed=seed), graph, cost_model, engine=engine,
                                         horizon=horizon, max_candidates=cap, width=int(width or guided.WIDTH),
                                         expand=int(expand or guided.EXPAND), time_limit=limit, stop=stop,
-                                        trace=trace, incumbent=incumbent, t0=t0, **values)
+                                        trace=trace, incumbent=incumbent, t0=t0, action=action, top_rules=top_rules,
+                                        **values)
         left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t0))  # the load's out
         return optimize_with_policy(net, graph, cost_model, engine=engine, horizon=horizon, samples=samples,
                                     seed=seed, max_candidates=cap, time_limit=left)
@@ -151,9 +160,9 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
     """The runner of `--search rl` (registered by xrl.policies.search_entry): options `policy` (a checkpoint path),
     `mode` (guided | argmax), `prior`,
     `width`, `expand`, `budget`, `stop`, `anchor`, `value_weight` and `value_stop` (guided), `samples` (argmax: extra
-    sampled rollouts), `max_candidates`."""
+    sampled rollouts), `max_candidates`, `action` (flat | factored) and `top_rules` (guided)."""
     known = ("policy", "mode", "prior", "width", "expand", "budget", "stop", "anchor", "value_weight", "value_stop",
-             "samples", "max_candidates")
+             "samples", "max_candidates", "action", "top_rules")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(f"--search rl has no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}")
@@ -167,7 +176,10 @@ def run_rl(graph: Graph, cost: CostModel, *, seed: int, steps: int | None, time_
                     prior=str(options.get("prior") or "trained"), stop=as_flag(options.get("stop", True), "stop"),
                     trace=trace, anchor=None if options.get("anchor") is None else as_flag(options["anchor"], "anchor"),
                     value_weight=as_number(options.get("value_weight"), "value_weight"),
-                    value_stop=as_number(options.get("value_stop"), "value_stop"))
+                    value_stop=as_number(options.get("value_stop"), "value_stop"),
+                    action=str(options.get("action") or "flat"),
+                    top_rules=None if options.get("top_rules") is None else int(as_number(options["top_rules"],
+                                                                                          "top_rules")))
     return SearchResult(graph=run.graph, cost=run.cost, original_cost=run.original_cost, steps=list(run.steps),
                         explored=run.env_steps, time_s=run.time_s, method="rl", details={
                             "policy": str(options.get("policy") or "default"), "mode": mode,
