@@ -257,7 +257,7 @@ def guided_search(prior: Prior | Any, graph: Graph, cost_model: CostModel, *, en
     prior = as_prior(prior)
     called = timer()  # an incumbent was found by now: setting up below spends the earned time
     t0 = called if t0 is None else t0
-    spent = getattr(cost_model, "budget_exhausted", None)
+    spent = cost_model.budget_exhausted  # declared on CostModel (False); a CallBudget copy answers its own
     clock = _Clock(t0, t0 + time_limit if time_limit is not None else float("inf"), EARN if stop else None, t0,
                    now=timer, spent=spent)
     # one engine (its rules parsed and verified once) for the argmax rollout and the beam, remembering states
