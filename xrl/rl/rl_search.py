@@ -15,7 +15,9 @@ counts from greedy's end, so where nothing beyond greedy is found the whole sear
 ANCHOR_EARN (1.5) times greedy's time (xrl.rl.guided); the result is never below greedy's; rule-first
 descents look for what greedy's first rule closed off; then the argmax rollout and the beam. Without a
 budget or time limit the guided part has
-GUIDED_BUDGET_S seconds after greedy; a `budget` or `time_limit` bounds the whole run, greedy included.
+GUIDED_BUDGET_S seconds after greedy; a `budget` or `time_limit` bounds the whole run, greedy, torch's import and
+the policy's load included (a limit that leaves less than the load is expected to take returns greedy's result
+without loading the policy: details policy_loaded=false).
 `argmax` plays the policy greedily from the input graph until it chooses to stop, for at most
 `steps` rewrites. The default cap is the graph's op count (at least 50, X-RLflow's training horizon):
 a policy trained on 50-step episodes still knows when to stop, and large CNNs need a few hundred
