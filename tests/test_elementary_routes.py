@@ -138,3 +138,24 @@ def test_rmsnorm_fusion_route(engines) -> None:
                                                                             "fold_rmsnorm_scale"]
     for got, want in zip(_outputs(route.graph), _outputs(comp.graph), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fam_lora_dora_ts", "fam_lora_dora_dynamo"])
+def test_dora_merge_route(engines, name: str) -> None:
+    """PEFT's DoRA merge (merge_dora_linear) is reached by 8 elementary steps: reassociate the low-rank product,
+    fold the scale, cancel the re-subtracted bias, move both column scales into their weights, factor the shared
+    input, move the bias, factor again."""
+    full, elementary = engines
+    graph = load_model(name).graph
+    comp = next(c for c in full.candidates(graph) if c.rule == "merge_dora_linear")
+    route = elementary_route(graph, comp, elementary, max_depth=9, max_states=2000)
+    assert route is not None, f"{name}: no elementary route to {comp.step}"
+    kinds = {r.name: r.kind for r in elementary.rules}
+    assert all(kinds[s.split("@")[0]] == "elementary" for s in route.steps)
+    assert structure(route.graph) == structure(comp.graph)
+    assert COST.cost(route.graph) == pytest.approx(COST.cost(comp.graph), rel=1e-9)
+    for got, want in zip(_outputs(route.graph), _outputs(comp.graph), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+    # the column-scale step is what DoRA's magnitude needs: without it there is no route (so the test can fail)
+    without = RewriteEngine([r for r in elementary.rules if r.name != "scale_matmul_weight_columns"])
+    assert elementary_route(graph, comp, without, max_depth=9, max_states=2000) is None
