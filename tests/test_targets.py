@@ -238,7 +238,8 @@ def test_prepasses_are_bounded_and_named(capsys, monkeypatch):
     t0 = time.perf_counter()
     # the limit (raised to the model's size: well under 10 s for mlp) is spent by the stuck pass: the next is skipped
     _, reports = prepass.run_prepasses(model, ["onnxslim", "onnxscript"], time_limit=0.5)
-    assert time.perf_counter() - t0 < 10 and not reports[0].applied and reports[0].timed_out and "time limit" in reports[0].detail
+    assert time.perf_counter() - t0 < 10 and not reports[0].applied and reports[0].timed_out
+    assert "time limit" in reports[0].detail
     assert reports[1].timed_out and "time limit was spent" in reports[1].detail
     monkeypatch.undo()
     code = main(["optimize", "mlp", "--prepass", "onnxslim,bogus"])

@@ -50,7 +50,6 @@ GUIDED_BUDGET_S = 60.0
 COLD_LOAD_S, WARM_LOAD_S = 2.5, 0.1
 
 
-
 def rl_search(graph: Graph, cost_model: CostModel, *, policy: str | Path | None = None, steps: int | None = None,
               samples: int = 0, seed: int = 0, time_limit: float | None = None, max_candidates: int | None = None,
               engine: Any = None, mode: str = "guided", width: int | None = None, expand: int | None = None,
