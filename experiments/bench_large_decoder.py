@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             err = peer(name, original, dst, args.timeout)
             variants[name] = dst if err is None else err
         phases: list = []
+        report_file = folder / "xrl-report.json"  # --json goes to stdout; stderr's tail is the text around it
         code, _, single, wall, tail, pss = bm.run_sampled(
             bm.optimize_cmd(str(original), written, None), env=bm.user_env(), timeout=args.timeout,
-            cwd=str(folder), phases=phases)
-        report = report_json(tail)
+            cwd=str(folder), phases=phases, stdout=report_file)
+        report = report_json(report_file.read_text() if report_file.exists() else tail)
         row = {"exporter": exporter, "size": args.size, "params": params, "weight_bytes": weights,
                "export_s": export_s, "exit": code, "wall_s": wall, "peak_tree_pss": pss, "peak_single_rss": single,
                "pss_over_weights": pss / weights, "single_over_weights": single / weights, "tail": tail[-2000:],

@@ -102,17 +102,20 @@ def tree_memory(proc: psutil.Process) -> tuple[int, int]:
 
 def run_sampled(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None,
                 cwd: str | None = None, max_rss: int | None = None,
-                phases: list | None = None) -> tuple[int, int, int, float, str, int]:
+                phases: list | None = None, stdout: Path | None = None) -> tuple[int, int, int, float, str, int]:
     """Run `cmd`, sampling its tree's RSS and PSS; the tree is killed when its PSS passes `max_rss` bytes (a run
     must not push the shared machine into the OOM killer). Returns (exit code, peak tree RSS, the largest
     process's peak RSS (ru_maxrss of every waited-for process, and the sampled RSS of each), wall seconds, the
     tail of its stderr, peak tree PSS). With `phases` (a list), it is filled with per-phase peaks (`Phase`):
     the pre-pass children are forks of the CLI's process, so the run splits into before the first child (load,
     exact merges), each child's lifetime (a pre-pass, in the order they ran), and after the last (search,
-    verification, guard, write)."""
+    verification, guard, write). `stdout`: a file for the command's standard output (its --json report)."""
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
-    popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
+    out = open(stdout, "wb") if stdout is not None else subprocess.DEVNULL  # noqa: SIM115 - closed after the run
+    popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=cwd)
+    if stdout is not None:
+        out.close()  # the child holds its own descriptor
     proc = psutil.Process(popen.pid)
     peak = [0, 0, 0]  # tree RSS, tree PSS, largest single process's RSS
     samples: list[tuple[float, int, int, int, tuple[int, ...]]] = []  # (t, tree PSS, main RSS, max RSS, children)
