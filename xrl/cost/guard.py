@@ -29,6 +29,7 @@ bert, 150 ms a run, each graph in a round costs about 2 s).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class OriginalMeasurement:
     def to_json(self) -> dict[str, Any]:
         c = self.control
         return {"cost_model": self.cost_model, "speedup": self.speedup, "interval95": list(self.interval),
-                "verdict": self.verdict, "identical": True, "control_interval95": list(c) if c else None,
+                "verdict": self.verdict, "identical": self.identical, "control_interval95": list(c) if c else None,
                 "noise": self.noise, "note": self.note}
 
 
@@ -246,16 +247,17 @@ def choose(measured: dict[str, MeasuredSpeedup], control: tuple[float, float] | 
                 why += f", A/A [{control[0]:.3f}-{control[1]:.3f}])" if control else ")"
         return ORIGINAL, f"{why}: the original is written"
     best = max(eligible, key=lambda k: eligible[k].speedup)
+    note = f"; {', '.join(slower)} measured slower" if slower else ""
     if sizes:
+        ops = {k: sizes.get(k, math.inf) for k in eligible}
         floor = eligible[best].interval[0]
         tied = [k for k in eligible if eligible[k].interval[1] >= floor]  # not resolved apart from the fastest
-        smallest = min(tied, key=lambda k: (sizes.get(k, 1 << 62), -eligible[k].speedup))
-        if sizes.get(smallest, 1 << 62) < sizes.get(best, 1 << 62):
+        smallest = min(tied, key=lambda k: (ops[k], -eligible[k].speedup))
+        if ops[smallest] < ops[best]:
             m, (lo, hi) = eligible[smallest], eligible[smallest].interval
             return smallest, (f"{smallest} measured faster than the original ({m.speedup:.3f}x [{lo:.3f}-{hi:.3f}]) "
                               f"and within noise of {best} ({eligible[best].speedup:.3f}x), with fewer ops "
-                              f"({sizes[smallest]} against {sizes[best]})")
+                              f"({ops[smallest]} against {ops[best]}){note}")
     m = eligible[best]
     lo, hi = m.interval
-    note = f"; {', '.join(slower)} measured slower" if slower else ""
     return best, f"{best} measured fastest ({m.speedup:.3f}x [{lo:.3f}-{hi:.3f}], {m.verdict}){note}"

@@ -1,7 +1,8 @@
 """The guard stage of the deployment path: the candidates timed against the original, the winner's file.
 
-What is written is the fastest candidate that does not measure slower than the original (`xrl.cost.guard`),
-the original itself when every one does; the winner carries its own file and rewrites (`Candidate`).
+What is written is the candidate the guard chooses (`xrl.cost.guard`: measured faster than the original beyond
+the A/A noise, the fastest, or among those within noise of it the one with the fewest ops), the original itself
+when none is; the winner carries its own file and rewrites (`Candidate`).
 """
 
 from __future__ import annotations
