@@ -98,26 +98,34 @@ def test_a_name_registered_in_code_is_kept_by_a_later_registration_that_does_not
         registry.register_search("no spaces", first_rewrite)
 
 
+def fake_distribution(monkeypatch, tmp_path: Path, name: str, entry_points: str,  # noqa: ANN001
+                      modules: dict[str, str] | None = None) -> None:
+    """An installed distribution `name` on sys.path with `entry_points` (an entry_points.txt body) and `modules`
+    (module name -> source), and the registry set to read its entry-point groups again on the next lookup."""
+    site = tmp_path / "site"
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    for module, source in (modules or {}).items():
+        (site / f"{module}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)  # read the groups again, with the fake on the path
+
+
 def test_a_plugin_from_the_entry_point_group_is_listed_then_imported_when_it_runs(table, monkeypatch, capsys,
                                                                                  tmp_path):
-    site = tmp_path / "site"
-    (site / "xrl_fake_plugin-0.1.dist-info").mkdir(parents=True)
-    (site / "xrl_fake_plugin-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: xrl-fake-plugin\nVersion: 0.1\n")
-    (site / "xrl_fake_plugin-0.1.dist-info" / "entry_points.txt").write_text(
-        f"[{registry.ENTRY_POINT_GROUP}]\nfake_first = xrl_fake_plugin_module:first\n"
-        "fake_entry = xrl_fake_plugin_module:ENTRY\n")
-    (site / "xrl_fake_plugin_module.py").write_text(
+    fake_distribution(monkeypatch, tmp_path, "xrl_fake_plugin",
+                      f"[{registry.ENTRY_POINT_GROUP}]\nfake_first = xrl_fake_plugin_module:first\n"
+                      "fake_entry = xrl_fake_plugin_module:ENTRY\n", {"xrl_fake_plugin_module": (
         "from xrl.search.result import SearchResult\n\n\n"
         "def first(graph, cost, *, seed, steps, time_limit, **options):\n"
         "    from xrl.search.greedy import greedy_search\n\n"
         "    res = greedy_search(graph, cost, max_steps=1)\n"
         "    return SearchResult(graph=res.graph, steps=list(res.steps), details={'plugin': True})\n\n\n"
         "from xrl.search.registry import SearchEntry\n\n"
-        "ENTRY = SearchEntry('any', first, 'one greedy step', default_time_limit=False)\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.delitem(sys.modules, "xrl_fake_plugin_module", raising=False)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)  # read the group again, with the fake on the path
+        "ENTRY = SearchEntry('any', first, 'one greedy step', default_time_limit=False)\n")})
 
     assert "fake_first" in registry.search_names()
     assert "xrl_fake_plugin_module" not in sys.modules  # listed from the metadata alone
@@ -133,14 +141,8 @@ def test_a_plugin_from_the_entry_point_group_is_listed_then_imported_when_it_run
 def test_a_plugin_that_does_not_import_is_reported_unavailable_by_compare(table, monkeypatch, tmp_path):
     from xrl.search.compare import CompareConfig, run_compare
 
-    site = tmp_path / "site"
-    (site / "xrl_broken_plugin-0.1.dist-info").mkdir(parents=True)
-    (site / "xrl_broken_plugin-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: xrl-broken-plugin\nVersion: 0.1\n")
-    (site / "xrl_broken_plugin-0.1.dist-info" / "entry_points.txt").write_text(
-        f"[{registry.ENTRY_POINT_GROUP}]\nbroken = xrl_no_such_plugin_module:run\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    fake_distribution(monkeypatch, tmp_path, "xrl_broken_plugin",
+                      f"[{registry.ENTRY_POINT_GROUP}]\nbroken = xrl_no_such_plugin_module:run\n")
     [rec] = run_compare(CompareConfig(graphs=("mlp",), methods=("broken",)))
     assert rec.status == "unavailable" and "xrl_no_such_plugin_module" in rec.error
 
@@ -148,21 +150,13 @@ def test_a_plugin_that_does_not_import_is_reported_unavailable_by_compare(table,
 def test_a_search_provider_registers_its_rows_in_order_and_a_broken_one_only_warns(table, monkeypatch, tmp_path):
     """xrl's RL searches reach the registry as a provider of the group `xrl.search_providers` (pyproject.toml):
     the registry imports nothing above it, and "rl" and its ablations keep their order and descriptions."""
-    site = tmp_path / "site"
-    (site / "xrl_fake_provider-0.1.dist-info").mkdir(parents=True)
-    (site / "xrl_fake_provider-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: xrl-fake-provider\nVersion: 0.1\n")
-    (site / "xrl_fake_provider-0.1.dist-info" / "entry_points.txt").write_text(
-        f"[{registry.PROVIDER_GROUP}]\nbroken = xrl_no_such_provider_module:register\n"
-        "fake = xrl_fake_provider_module:register\n")
-    (site / "xrl_fake_provider_module.py").write_text(
-        "from xrl.search.registry import register_search\n\n\n"
-        "def register():\n"
-        "    for name in ('zz-second', 'aa-third'):\n"
-        "        register_search(name, lambda *a, **k: None, description=name, replace=False)\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.delitem(sys.modules, "xrl_fake_provider_module", raising=False)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    fake_distribution(monkeypatch, tmp_path, "xrl_fake_provider",
+                      f"[{registry.PROVIDER_GROUP}]\nbroken = xrl_no_such_provider_module:register\n"
+                      "fake = xrl_fake_provider_module:register\n", {"xrl_fake_provider_module": (
+                          "from xrl.search.registry import register_search\n\n\n"
+                          "def register():\n"
+                          "    for name in ('zz-second', 'aa-third'):\n"
+                          "        register_search(name, lambda *a, **k: None, description=name, replace=False)\n")})
     with pytest.warns(UserWarning, match="xrl_no_such_provider_module"):
         names = registry.search_names()
     assert names.index("zz-second") + 1 == names.index("aa-third")  # the provider's order, not sorted
