@@ -107,13 +107,29 @@ def names(suite: str | None = None) -> list[str]:
     return [g.name for g in _GRAPHS if suite is None or g.suite == suite]
 
 
+def _conflict_source(name: str) -> tuple[str, int] | None:
+    """(kind, seed) of a generated conflict graph's name `gen_<kind>_<seed>` (`graphs/conflicts.py`), else None."""
+    from .conflicts import KINDS
+
+    kind, _, seed = name.rpartition("_")
+    return (kind, int(seed)) if kind in KINDS and seed.isdigit() else None
+
+
 def build(name: str, *, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
-    """Build the built-in graph `name` as an ONNX model with batch size `batch` and weights from `seed`."""
+    """Build the built-in graph `name` as an ONNX model with batch size `batch` and weights from `seed`. The
+    research suite's generated conflict graphs resolve too, by their names `gen_<kind>_<seed>` (not listed)."""
     graph = BUILTIN_GRAPHS.get(name)
-    if graph is None:
+    conflict = _conflict_source(name) if graph is None else None
+    if graph is None and conflict is None:
         close = difflib.get_close_matches(name, BUILTIN_GRAPHS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UnknownGraphError(f"unknown built-in graph {name!r}; {hint}valid names: {', '.join(BUILTIN_GRAPHS)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+    if conflict is not None:
+        from .conflicts import conflict_graph
+
+        # the research suite's generated graphs: the seed in the name draws the graph itself (its sizes and
+        # motifs), so `seed` does not apply
+        return conflict_graph(*conflict, batch=batch)
     return graph.build(batch=batch, seed=seed)

@@ -39,7 +39,10 @@ from xrl.rl.rollout import observe
 log = logging.getLogger(__name__)
 
 # Methods whose result is a replayable sequence of rewrites.
-TEACHERS = ("greedy", "beam", "exhaustive", "taso", "rl")
+TEACHERS = ("greedy", "beam", "exhaustive", "taso", "rl", "reference")
+# `reference`: the research suite's stored reference sequence of a graph (`xrl.search.suite`: exhaustive or the
+# best of long TASO/Tensat/beam runs and the composite-guided search, cost-raising steps included), not a search
+# run here; graphs outside the suite, or whose builder changed since, get none
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,38 @@ def teacher_runs(graphs: Mapping[str, Any], cost: CostModel, cfg: ImitationConfi
     for name, graph in graphs.items():
         c0 = cost.cost(graph)
         for teacher in cfg.teachers:
-            out = run_search(teacher, graph, cost, seed=seed, steps=None, time_limit=cfg.time_limit,
-                             options=dict(cfg.teacher_options.get(teacher, {})))
-            speedup = c0 / cost.cost(out.graph)
-            log.info("teacher %s on %s: %.3fx in %d rewrites", teacher, name, speedup, len(out.steps))
+            if teacher == "reference":
+                found = reference_run(name, graph, cost)
+                if found is None:
+                    continue
+                steps, speedup = found
+            else:
+                out = run_search(teacher, graph, cost, seed=seed, steps=None, time_limit=cfg.time_limit,
+                                 options=dict(cfg.teacher_options.get(teacher, {})))
+                steps, speedup = list(out.steps), c0 / cost.cost(out.graph)
+            log.info("teacher %s on %s: %.3fx in %d rewrites", teacher, name, speedup, len(steps))
             if name not in best or speedup > best[name][2] * (1 + 1e-9):  # ties: the teacher named first
-                best[name] = (teacher, list(out.steps), speedup)
+                best[name] = (teacher, steps, speedup)
     return best
+
+
+def reference_run(name: str, graph: Any, cost: CostModel) -> tuple[list[str], float] | None:
+    """The research suite's reference sequence for graph `name` and its speed-up under `cost`, or None where the
+    suite has no reference for this graph, or a step of it does not apply (a changed builder, other rules). The
+    steps name rules and nodes, so a graph whose weights differ in the last bit (a family member exported with
+    another torch thread count calibrates its BatchNorms a little differently) still replays them."""
+    from xrl.search import suite
+
+    ref = suite.load_references().get(name)
+    if ref is None:
+        log.info("teacher reference: no reference sequence for %s", name)
+        return None
+    try:
+        end = suite.replay(graph, ref.steps, suite.engine())
+    except ValueError as e:  # the training env's rules do not offer a step of it
+        log.info("teacher reference on %s: %s", name, e)
+        return None
+    return list(ref.steps), cost.cost(graph) / cost.cost(end)
 
 
 def replay(env: Any, graph: Any, name: str, teacher: str, steps: Sequence[str], speedup: float,
@@ -193,4 +221,5 @@ def warm_start(policy: GraphPolicy, graphs: Mapping[str, Any], cost: CostModel, 
     return report, demos
 
 
-__all__ = ["Demonstration", "ImitationConfig", "TEACHERS", "clone", "replay", "teacher_runs", "warm_start"]
+__all__ = ["Demonstration", "ImitationConfig", "TEACHERS", "clone", "reference_run", "replay", "teacher_runs",
+           "warm_start"]

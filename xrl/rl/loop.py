@@ -21,6 +21,7 @@ checkpoint is written. Two exist: graph rewriting (`xrl.rl.train.RewriteTask`) a
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -40,6 +41,8 @@ from xrl.rl.loggers import make_logger, plot_learning_curves
 from xrl.rl.metrics import episode_metrics, eval_metrics, selection_key
 from xrl.rl.ppo import PPOConfig, RolloutBatch, ppo_update
 from xrl.rl.rollout import EpisodeRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,6 +136,8 @@ def run(task: TrainingTask, c: Mapping[str, Any], out: Path) -> TrainSummary:
     graphs = list(dict.fromkeys(task.train_graphs + task.val_graphs + task.eval_graphs))
     last_path, best_path = out / "last.pt", None
     t_start = time.perf_counter()
+    limit_s = time_limit_s(c)
+    done = state.update
     bar = progress_bar(task.label, state.update, updates, bool(c.get("progress", True)))
     try:
         if task.baseline is not None:  # fine-tuning: the policy it starts from is a candidate for best.pt too
@@ -150,7 +155,9 @@ def run(task: TrainingTask, c: Mapping[str, Any], out: Path) -> TrainSummary:
             metrics = training_metrics(experience, stats, state.env_steps, time.perf_counter() - t_update,
                                        task.optimizer.param_groups[0]["lr"])
             done = update + 1
-            evaluated = due(eval_every, done, updates)
+            # out of time: this update is the last, evaluated and checkpointed as the last one is
+            last = limit_s is not None and time.perf_counter() - t_start >= limit_s
+            evaluated = due(eval_every, done, updates) or (last and eval_every > 0)
             if evaluated:
                 metrics.update(evaluate(task, task.policy, graphs))
             metrics["time_s"] = time.perf_counter() - t_start
@@ -160,8 +167,11 @@ def run(task: TrainingTask, c: Mapping[str, Any], out: Path) -> TrainSummary:
                 state.best_score = score
                 best_path = task.save(out / "best.pt", done, run_id)
             bar.set_postfix(**task.progress(metrics))
-            if due(ckpt_every, done, updates):
+            if due(ckpt_every, done, updates) or last:
                 task.save(last_path, done, run_id)
+            if last:
+                log.info("time_limit_min reached after update %d of %d", done, updates)
+                break
     finally:
         task.close()
         logger.close()
@@ -169,7 +179,7 @@ def run(task: TrainingTask, c: Mapping[str, Any], out: Path) -> TrainSummary:
     curves = plot_learning_curves(state.history, out / "learning_curves.png")
     if best_path is None and (out / "best.pt").exists():
         best_path = out / "best.pt"
-    return TrainSummary(out, updates, state.env_steps, time.perf_counter() - t_start, last_path, best_path,
+    return TrainSummary(out, done, state.env_steps, time.perf_counter() - t_start, last_path, best_path,
                         state.history, curves)
 
 
@@ -187,6 +197,17 @@ def run_length(c: Mapping[str, Any]) -> tuple[int, int, int]:
     """(updates, eval_every, checkpoint_every) of the config."""
     return (typed("updates", c["updates"], 0), typed("eval_every", c.get("eval_every", 0), 0),
             typed("checkpoint_every", c.get("checkpoint_every", 0), 0))
+
+
+def time_limit_s(c: Mapping[str, Any]) -> float | None:
+    """`time_limit_min` in seconds (None: no limit): the run stops after the update that reaches it, so that a
+    recipe can be sized to the machine's hours rather than to an update count it cannot reach."""
+    minutes = c.get("time_limit_min")
+    if minutes is None:
+        return None
+    if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not 0 < minutes <= 525_600:
+        raise ConfigError(f"time_limit_min must be a positive number of minutes (at most a year), not {minutes!r}")
+    return 60.0 * float(minutes)
 
 
 def open_logger(c: Mapping[str, Any], out: Path, state: RunState) -> Any:
