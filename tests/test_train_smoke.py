@@ -109,13 +109,23 @@ def test_bad_checkpoints_are_user_errors(tmp_path, capsys):
 @pytest.mark.parametrize("override, needle", [("bogus=1", "bogus"), ("model=nope", "model/nope"),
                                               ("updates=x", "updates must be a number"),
                                               ("env.horizon=0", "horizon must be at least 1"),
-                                              ("algo.norm_adv=3", "true or false")])
+                                              ("algo.norm_adv=3", "true or false"),
+                                              ("time_limit_min=-1", "time_limit_min must be a positive")])
 def test_bad_training_settings_are_one_line_user_errors(override, needle, tmp_path, capsys):
     code = main(["train", override, "graphs=small", "workers=0", "logger=none", "progress=false",
                  f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_time_limit_stops_after_the_update_that_reaches_it(tmp_path):
+    # a recipe sized in hours: the update that crosses the limit is the last, evaluated and checkpointed
+    # although neither eval_every nor checkpoint_every falls on it
+    run = train(_cfg(updates=50, workers=0, eval_every=7, checkpoint_every=7, time_limit_min=1e-6), tmp_path)
+    assert run.updates == 1 and [h["update"] for h in run.history] == [1]
+    assert any(k.startswith("eval_speedup/") for k in run.history[-1])
+    assert load_checkpoint(run.last_checkpoint)["update"] == 1
 
 
 def test_uphill_paid_off():
