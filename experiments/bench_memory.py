@@ -159,6 +159,7 @@ class Phase:
     end_s: float
     peak_tree_pss: int
     peak_single_rss: int  # the largest process's RSS in the phase (sampled)
+    peak_main_rss: int = 0  # the CLI's own process's RSS in the phase (sampled): what a fork child inherits
 
 
 def split_phases(samples: list[tuple[float, int, int, int, tuple[int, ...]]]) -> list[Phase]:
@@ -171,7 +172,8 @@ def split_phases(samples: list[tuple[float, int, int, int, tuple[int, ...]]]) ->
 
     def add(name: str, rows: list) -> None:  # noqa: ANN001
         if rows:
-            phases.append(Phase(name, rows[0][0], rows[-1][0], max(r[1] for r in rows), max(r[3] for r in rows)))
+            phases.append(Phase(name, rows[0][0], rows[-1][0], max(r[1] for r in rows), max(r[3] for r in rows),
+                                max(r[2] for r in rows)))
 
     if not order:
         add("whole run", samples)
@@ -300,16 +302,18 @@ def markdown(rows: list[Row], base: int, args: argparse.Namespace) -> str:
                      f"{r.wall_s:.0f} | {meets} |")
     if any(r.phases for r in rows):
         lines += ["", "Per stage (the pre-pass children are forks of the CLI's process: before the first, each "
-                  "child's lifetime, after the last): peak tree PSS and the largest single process's RSS, as "
-                  "multiples of the weights.", "",
-                  "| model | stage | from s | to s | tree PSS GiB | / weights | max single GiB | / weights |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "child's lifetime, after the last): peak tree PSS, the largest single process's RSS and the "
+                  "CLI's own process's RSS (which a forked child's RSS includes), as multiples of the weights.", "",
+                  "| model | stage | from s | to s | tree PSS GiB | / weights | max single GiB | / weights | "
+                  "main GiB | / weights |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             for ph in r.phases:
                 w = r.weight_bytes or 1
                 lines.append(f"| {r.model} | {ph.name} | {ph.start_s:.0f} | {ph.end_s:.0f} | "
                              f"{gib(ph.peak_tree_pss)} | {ph.peak_tree_pss / w:.2f} | {gib(ph.peak_single_rss)} | "
-                             f"{ph.peak_single_rss / w:.2f} |")
+                             f"{ph.peak_single_rss / w:.2f} | {gib(ph.peak_main_rss)} | "
+                             f"{ph.peak_main_rss / w:.2f} |")
     return "\n".join(lines) + "\n"
 
 

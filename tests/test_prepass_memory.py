@@ -95,3 +95,33 @@ def test_passes_on_weights_moved_to_disk_give_what_they_give_in_memory() -> None
         assert prepass.histogram(in_child) == prepass.histogram(in_memory), name
         assert all(t.data_location != TensorProto.EXTERNAL for t in in_child.graph.initializer)
         assert compare_models(model, in_child, trials=1).ok, name
+
+
+def test_onnxslim_runs_on_the_weights_stripped_and_restores_them(monkeypatch) -> None:
+    """onnxslim's graph-surgeon import materialises every constant for folding and again for export, on each of
+    its rounds: it gets no initialiser over `_SHAPES_ONLY_ELEMENTS` elements (the weights are graph inputs while
+    it runs), and its result has every weight back by name, byte for byte, in the child as in process."""
+    import onnxslim
+
+    from xrl.frontends.verify import compare_models
+
+    model = _big_mlp()
+    model.graph.input.append(helper.make_tensor_value_info("w2", TensorProto.FLOAT, [512, 512]))  # overridable
+    seen: list[int] = []
+    real = onnxslim.slim
+
+    def recording(m: onnx.ModelProto, *a, **k):  # noqa: ANN002, ANN003, ANN202
+        seen.append(max((prepass._elements(t) for t in m.graph.initializer), default=0))
+        return real(m, *a, **k)
+
+    monkeypatch.setattr(onnxslim, "slim", recording)
+    out, _ = prepass._onnxslim(model)  # in process: the same stripping as in the child
+    assert seen and max(seen) <= prepass._SHAPES_ONLY_ELEMENTS, seen
+    monkeypatch.setattr(onnxslim, "slim", real)
+    for result in (out, prepass._run_bounded("onnxslim", model, 60.0)[0]):  # in process, and from a child
+        weights = {t.name: t for t in result.graph.initializer}
+        assert weights["w1"].raw_data == model.graph.initializer[0].raw_data
+        assert weights["w2"].raw_data == model.graph.initializer[1].raw_data
+        assert [v.name for v in result.graph.input] == ["x", "w2"]  # w1 is no input again; w2 stays declared
+        assert all(t.data_location != TensorProto.EXTERNAL for t in result.graph.initializer)
+        assert compare_models(model, result, trials=1).ok

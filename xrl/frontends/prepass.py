@@ -84,13 +84,60 @@ _OWNED = False
 
 
 def _onnxslim(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """onnxslim on `model` with its weights stripped (`weight_stripped`) and restored by name afterwards: its
+    graph-surgeon import materialises every constant for folding and again for export, on each of its up to ten
+    rounds (bert: the child's peak 7.1x the weights with them on disk). Its eliminations and shape-chain folds
+    read shapes and small constants, which stay; what would read a big weight's values (a Transpose of a
+    weight folded, MatMul+Add as Gemm with the weight transposed) is left to xrl's own rules and folding."""
     import onnxslim
 
-    if _OWNED:  # in the child: weights to its scratch file (bert: the child's peak 4.2 GB -> 2.9 GB)
-        _weights_to_disk(model)
-    with _quiet():  # onnxslim changes the model it is given: a copy (a model's worth of weights) unless owned
-        out = onnxslim.slim(model if _OWNED else copy.deepcopy(model))
+    lite = weight_stripped(model)
+    with _quiet():  # the stripped copy is the pass's own: no deepcopy of it
+        out = onnxslim.slim(lite)
+    _restore_weights(out, model)
     return out, ""
+
+
+# The name of a weight a pass left untouched: its bytes are the input's (`_restore_weights`), not a copy
+RESTORED_WEIGHTS_FILE = "input.data"
+
+
+def _restore_weights(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Put back into `out` (a pass's result on `weight_stripped(model)`) the weights stripped from `model`: each
+    graph input of `out` named as a stripped weight becomes that initialiser again (an input `model` declared
+    too stays declared). In a pre-pass child the bytes go from `model` to a file in the scratch folder one
+    tensor at a time and `out` refers to them (the parent loads them with the result), so the child holds no
+    copy of them; in process they are copied in."""
+    from xrl.frontends.onnx_weights import copy_fields
+
+    big = {t.name: t for t in model.graph.initializer if _elements(t) > _SHAPES_ONLY_ELEMENTS}
+    declared = {v.name for v in model.graph.input}
+    wanted = [v.name for v in out.graph.input if v.name in big]
+    kept = [v for v in out.graph.input if v.name not in big or v.name in declared]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    if not wanted:
+        return
+    data = open(RESTORED_WEIGHTS_FILE, "wb") if _OWNED else None  # noqa: SIM115 - closed below
+    try:
+        for name in wanted:
+            t = out.graph.initializer.add()
+            src = big[name]
+            if data is None or src.data_location == onnx.TensorProto.EXTERNAL or not src.HasField("raw_data"):
+                t.CopyFrom(src)
+                continue
+            copy_fields(t, src, skip=("raw_data", "data_location", "external_data"))
+            offset = data.tell()
+            raw = src.raw_data  # one tensor's bytes at a time
+            data.write(raw)
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", RESTORED_WEIGHTS_FILE), ("offset", offset), ("length", len(raw))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, str(value)
+            del raw
+    finally:
+        if data is not None:
+            data.close()
 
 
 def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
