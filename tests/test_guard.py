@@ -233,11 +233,16 @@ def test_a_candidate_clearly_behind_the_leader_stops_being_timed() -> None:
     """Racing: once the rounds the guard must take are done, a candidate whose whole interval is below the
     leader's is no longer timed; the leader, the original and the A/A copy are timed to the end."""
     # two leaders too close to tell apart, so the decision is not settled before the first 6 rounds
-    timer = FakeTimer({"original": 1.0, "lead": 0.8, "second": 0.805, "behind": 1.5}, noise=0.04)
+    # "behind" is faster than the original (so not dropped as hopeless at min_rounds) but clearly behind "lead"
+    timer = FakeTimer({"original": 1.0, "lead": 0.8, "second": 0.805, "behind": 0.92, "slow": 1.5}, noise=0.04)
     res = measure_guard(timer, chain("original", 3), [GuardCandidate("lead", chain("lead", 2)),
                                                        GuardCandidate("second", chain("second", 1)),
-                                                       GuardCandidate("behind", chain("behind", 4))],
+                                                       GuardCandidate("behind", chain("behind", 4)),
+                                                       GuardCandidate("slow", chain("slow", 5))],
                         rounds=6, max_rounds=20)
     assert res.chosen in ("lead", "second") and res.rounds > 6  # noise 4%: more rounds than the first 6
     assert len(res.measured["behind"].round_speedups) == 6 < len(res.measured["lead"].round_speedups) == res.rounds
-    assert res.measured["behind"].verdict == "slower"
+    assert "behind" not in res.dropped
+    # a candidate measured below the original stops being timed at min_rounds already (`hopeless`)
+    assert len(res.measured["slow"].round_speedups) == 3 and "below 1" in res.dropped["slow"]
+    assert res.measured["slow"].verdict == "slower"

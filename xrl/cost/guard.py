@@ -24,7 +24,12 @@ its interval is above every other candidate's. Otherwise rounds are added while 
 is wider than +-RESOLUTION/2, and while the A/A control deviates by more than RESOLUTION ("too noisy
 to tell": more rounds may resolve it; at the limit the original is written and the report says so).
 After `rounds`, a candidate whose whole interval is below the leader's is no longer timed (racing: on
-bert, 150 ms a run, each graph in a round costs about 2 s).
+bert, 150 ms a run, each graph in a round costs about 2 s). From `min_rounds` on, a candidate that cannot
+become writable is no longer timed either (`hopeless`: its interval below 1, or on a quiet run below the A/A
+control's upper end, or too close to 1 to clear the noise in the rounds the guard may still take, even at its
+interval's upper end); when no candidate is left, the original is written. The time budget counts from
+`min_rounds` on: a loaded machine (a bert round of seven graphs took 75 s) stops at the budget, not at
+`rounds`. Neither makes a candidate writable that was not: both only stop timing sooner.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xrl.cost.base import CostModel, Measurement
-from xrl.cost.speedup import RESOLUTION, MeasuredSpeedup, pool_rounds, ratio_interval
+from xrl.cost.speedup import RESOLUTION, MeasuredSpeedup, pool_rounds, ratio_interval, t95
 from xrl.ir import Graph
 
 ORIGINAL = "original"
@@ -101,6 +106,7 @@ class GuardResult:
     settled: str = ""  # why the rounds stopped
     # label -> the cost model's estimated speed-up of that candidate (set by the deployment's guard stage)
     estimated_speedups: dict[str, float] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)  # label -> why it stopped being timed early (`hopeless`)
 
     def speedup_of(self, label: str) -> MeasuredSpeedup | None:
         return self.measured.get(label)
@@ -124,7 +130,7 @@ class GuardResult:
                 "settled": self.settled, "control_interval95": list(c) if c else None,
                 "original": self.original_measurement().to_json(),
                 "candidates": {k: v.to_json() for k, v in self.measured.items()},
-                "estimated_speedups": dict(self.estimated_speedups)}
+                "estimated_speedups": dict(self.estimated_speedups), "dropped": dict(self.dropped)}
 
 
 def writable(m: MeasuredSpeedup) -> bool:
@@ -148,6 +154,38 @@ def settled(measured: dict[str, MeasuredSpeedup], control: tuple[float, float]) 
     low = ratio_interval(measured[leader].round_speedups)[0]
     if writable(measured[leader]) and all(highs[k] < low for k in measured if k != leader):
         return f"{leader} measured faster than the original and every other candidate"
+    return ""
+
+
+def _log_sd(ratios: Sequence[float]) -> float:
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    return math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) if len(logs) > 1 else 0.0
+
+
+def hopeless(m: MeasuredSpeedup, control: Sequence[float], most_rounds: int) -> str:
+    """Why `m` cannot become writable ("" where it still can), from its rounds so far (at least three) and the
+    A/A control's over the same rounds, if timed for at most `most_rounds` rounds in all:
+
+    - its 95% interval is below 1 (measured slower), or, on a quiet run (the A/A control within
+      +-RESOLUTION), below the A/A control's upper end (what `settled` asks of every candidate at once);
+    - or, optimistically taking its interval's upper end as its true speed-up and its and the A/A control's
+      round-to-round spread as they are, the interval at `most_rounds` rounds would still not clear the A/A
+      control's: writable needs log(speed-up) - t sd_c / sqrt(n) > t sd_a / sqrt(n)
+      (`MeasuredSpeedup.verdict`), so a candidate within that of 1 cannot become writable in time."""
+    n = len(m.round_speedups)
+    if n < 3 or len(control) < n:
+        return ""
+    high = ratio_interval(m.round_speedups)[1]
+    c = ratio_interval(control[:n])
+    if high < 1.0:
+        return "its interval is below 1"
+    if max(c[1] - 1, 1 - c[0]) <= RESOLUTION and high <= max(1.0, c[1]):
+        return "its interval is below the A/A control's upper end"
+    most = max(most_rounds, n)
+    reach = t95(most - 1) * (_log_sd(m.round_speedups) + _log_sd(control[:n])) / math.sqrt(most)
+    if math.log(high) <= reach:
+        return f"even at its interval's upper end ({high:.3f}x) it cannot clear the noise in {most} rounds"
     return ""
 
 
@@ -184,10 +222,13 @@ def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardC
     r = 0
     why = ""
     racing = list(names)  # the graphs still timed each round
+    dropped: dict[str, str] = {}  # candidate -> why it stopped being timed before the end (`hopeless`)
+    graph_rounds = 0  # graphs timed so far: the time one costs, for the rounds the budget leaves
     while True:
         k = r % len(racing)  # rotate the order: no graph is always timed first or last in a round
         for which in racing[k:] + racing[:k]:
             timed[which].append(timer.remeasure(graphs[which]))
+        graph_rounds += len(racing)
         r += 1
         if r < first:
             continue
@@ -196,15 +237,28 @@ def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardC
         why = settled(current, control)
         if why:
             break
-        if r < rounds:
-            continue
+        elapsed = time.perf_counter() - t0
+        # the most rounds a candidate can still get: the round limit, or the budget's at three graphs a round
+        # (the original, its A/A copy and it: optimistic, so a candidate is dropped only where hopeless then)
+        per_round = 3 * elapsed / graph_rounds
+        most = min(max_rounds, max(rounds, r + math.ceil(max(0.0, budget_s - elapsed) / max(per_round, 1e-9))))
+        aa = ratios("A/A")
+        for n in racing:
+            if n not in (ORIGINAL, "A/A") and (hopeless_why := hopeless(current[n], aa, most)):
+                dropped[n] = hopeless_why
+        racing = [n for n in racing if n not in dropped]
+        if len(racing) == 2:  # the original and its A/A copy: no candidate can still be shown faster
+            why = "no candidate can be shown faster in the rounds left"
+            break
         if r >= max_rounds:
             why = f"the limit of {max_rounds} rounds"
             break
-        if time.perf_counter() - t0 > budget_s:
+        if elapsed > budget_s:
             why = f"the guard's time budget of {budget_s:g} s"
             break
-        leader = max(current.values(), key=lambda m: m.speedup)
+        if r < rounds:
+            continue
+        leader = max((current[n] for n in racing if n in current), key=lambda m: m.speedup)
         low, high = ratio_interval(leader.round_speedups)
         quiet = max(control[1] - 1, 1 - control[0]) <= RESOLUTION
         if quiet and (high - low) / 2 <= RESOLUTION / 2:
@@ -215,7 +269,7 @@ def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardC
     control_rounds = ratios("A/A")
     chosen, reason = choose(current, ratio_interval(control_rounds), rounds=r,
                             sizes={c.label: len(c.graph) for c in distinct})
-    return GuardResult(chosen, reason, current, r, time.perf_counter() - t0, control_rounds, why)
+    return GuardResult(chosen, reason, current, r, time.perf_counter() - t0, control_rounds, why, dropped=dropped)
 
 
 def choose(measured: dict[str, MeasuredSpeedup], control: tuple[float, float] | None = None, *,

@@ -27,9 +27,15 @@ builds its engine with `RewriteEngine.default()`, i.e. `load_rules()`) without a
 
 from __future__ import annotations
 
+import copyreg
 import functools
+import hashlib
 import inspect
+import io
+import marshal
 import os
+import pickle
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,7 +43,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from xrl.atomic import write_atomic
+from xrl.cache import cache_dir
 from xrl.errors import ConfigError
+from xrl.rewrite.expr import Compiled
 from xrl.rewrite.lang import KINDS, Rule, RuleInfo, RuleSyntaxError, parse_file
 
 if TYPE_CHECKING:
@@ -209,8 +218,85 @@ _PARSED: dict[tuple, list[Rule]] = {}
 def _parsed(files: list[Path]) -> list[Rule]:
     stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
     rules = _PARSED.get(stamp)
-    if rules is None:  # parsing 124 rules takes about a second: once per process while the files are unchanged
-        rules = _PARSED[stamp] = parse_rule_files(files)
+    if rules is None:  # parsing 215 rules takes 1.5-5 s: once per process, and from the disk cache across them
+        rules = _PARSED[stamp] = _parsed_cached(files)
+    return rules
+
+
+# ----- parsed rules kept between processes ----------------------------------------------------------
+# Parsing the built-in rule files (each expression checked and compiled) took 1.5 s on an idle core and 4-5 s
+# under load, in every `xrl` process, before anything is searched; the parsed rules are kept in the user's
+# cache folder (`xrl.cache`), keyed on the bytes of every rule file and of the code that parses them (xrl/ir,
+# xrl/rewrite) and on Python's version (the compiled expressions are its bytecode): a changed rule file or
+# parser parses afresh. `XRL_NO_RULE_CACHE=1` turns it off (as for the verification outcomes).
+PARSED_DIR = "rules_parsed"
+_PARSED_FORMAT = b"xrl-parsed-rules/1"
+_PARSED_KEEP = 8  # cache files kept (one per rule-file set and code version); older ones are removed
+
+
+def _code_stamp() -> bytes:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("ir", "rewrite"):
+        for f in sorted((root / sub).glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.digest()
+
+
+def parsed_cache_key(files: Iterable[Path]) -> str:
+    """The key of the parsed rules of `files`: their paths and bytes, the parser's source, Python's version."""
+    h = hashlib.sha256(_PARSED_FORMAT + sys.version.encode() + _code_stamp())
+    for f in files:
+        data = Path(f).read_bytes()
+        h.update(f"{Path(f).resolve()}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()
+
+
+def _cache_on() -> bool:
+    return os.environ.get("XRL_NO_RULE_CACHE", "") in ("", "0")
+
+
+def _compiled_state(c: Compiled) -> tuple:
+    # the expression's bytecode as marshal writes it: Compiled's own pickling compiles it again (most of a load)
+    return _compiled_from, (c.source, tuple(sorted(c.names)), c.where, marshal.dumps(c._code))
+
+
+def _compiled_from(source: str, names: tuple[str, ...], where: str, code: bytes) -> Compiled:
+    c = object.__new__(Compiled)
+    c.source, c.names, c.where, c._code = source, frozenset(names), where, marshal.loads(code)
+    return c
+
+
+def _parsed_cached(files: list[Path]) -> list[Rule]:
+    """`parse_rule_files(files)`, read from the cache where the same files and parser were parsed before. A cache
+    file that is missing, unreadable or of another key is parsed afresh (and written, best effort)."""
+    if not _cache_on():
+        return parse_rule_files(files)
+    try:
+        key = parsed_cache_key(files)
+    except OSError:
+        return parse_rule_files(files)  # a file that cannot be read: parsing says which, as it always did
+    path = cache_dir() / PARSED_DIR / f"{key}.pickle"
+    try:
+        data = path.read_bytes()
+        if data[:64] == key.encode():
+            rules = pickle.loads(data[64:])  # noqa: S301 - our own file in the user's cache folder
+            if isinstance(rules, list) and all(isinstance(r, Rule) for r in rules):
+                return rules
+    except Exception:  # noqa: BLE001 - missing, truncated or from another version: parse afresh
+        pass
+    rules = parse_rule_files(files)
+    try:
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = {**copyreg.dispatch_table, Compiled: _compiled_state}
+        pickler.dump(rules)
+        write_atomic(path, key.encode() + buf.getvalue(), mkdir=True)
+        old = sorted(path.parent.glob("*.pickle"), key=lambda f: f.stat().st_mtime)[:-_PARSED_KEEP]
+        for f in old:
+            f.unlink(missing_ok=True)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        pass  # a cache that cannot be written only costs the next process its parse
     return rules
 
 
