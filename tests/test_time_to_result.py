@@ -250,3 +250,22 @@ def test_a_real_gain_is_still_found_and_written(seed: int) -> None:
     assert res.chosen == "gain", (res.reason, res.dropped)
     assert math.isclose(res.measured["gain"].speedup, 1.05, rel_tol=0.03)
     assert "gain" not in res.dropped
+
+
+# ----- screening: the original's ops and its estimate are not timed ---------------------------------------------
+def _candidate(label: str, graph: Graph):  # noqa: ANN202 - a Candidate
+    from xrl.search.exported import Candidate
+
+    return Candidate(label, graph, graph, onnx.ModelProto(), {})
+
+
+def test_a_candidate_with_the_originals_ops_and_estimate_is_screened() -> None:
+    from xrl.deploy.guard import screened
+
+    original = chain("original", 3)
+    same_ops = chain("same_ops", 3)  # the same ops (a real candidate would differ in a name or a constant)
+    fewer = chain("fewer", 2)
+    estimated = {"same_ops": 1.001, "fewer": 1.001, "same_ops_faster": 1.2}
+    out = screened(original, [_candidate("same_ops", same_ops), _candidate("fewer", fewer),
+                              _candidate("same_ops_faster", chain("same_ops_faster", 3))], estimated)
+    assert set(out) == {"same_ops"} and "not timed" in out["same_ops"]  # fewer ops, or a real estimate: timed

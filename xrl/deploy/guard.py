@@ -47,11 +47,15 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
                 options: Mapping[str, Any], original_cost: float, max_abs_err: float) -> Written:
     """Time `candidates` against the original (`options`: `measure_guard`'s rounds and the like) and return
     what is written; the original is verified again before it is (`max_abs_err`: the search's file's)."""
-    from xrl.cost.guard import measure_guard
+    from xrl.cost.guard import ORIGINAL, measure_guard
     from xrl.frontends.onnx_weights import split_model
     from xrl.frontends.verify import compare_models
 
-    g = measure_guard(dep.guard_timer(), loaded.graph, [c.guard() for c in candidates], **options)
+    cost = dep.cost_model.cost
+    estimated = {c.label: original_cost / cost(c.written) for c in candidates}
+    screen = screened(loaded.graph, candidates, estimated)
+    g = measure_guard(dep.guard_timer(), loaded.graph, [c.guard() for c in candidates if c.label not in screen],
+                      **options)
     winner = chosen(candidates, g.chosen)
     if winner is None:  # the original: the user's model, as loaded (checked again before it is written)
         if st.original_head is not None:
@@ -67,8 +71,32 @@ def guard_stage(loaded: LoadedModel, st: Starts, candidates: list[Candidate], de
         out = Written(loaded.graph, loaded.graph, head, weights, [], check.max_abs_err)
     else:  # the winner carries its own file and rewrites
         out = Written.of(winner, max_abs_err)
-    cost = dep.cost_model.cost
-    out.guard = replace(g, estimated_speedups={c.label: original_cost / cost(c.written) for c in candidates})
+    reason = g.reason
+    if screen and g.rounds == 0 and g.chosen == ORIGINAL:
+        reason = "no candidate was timed (each has the original's ops and its estimate): the original is written"
+    out.guard = replace(g, reason=reason, estimated_speedups=estimated, dropped={**screen, **g.dropped})
+    return out
+
+
+# A candidate with the original's ops (the same count of each op type) whose estimate is within this of the
+# original's is not timed: what differs (a name, a folded shape constant, an order) onnxruntime's own graph
+# optimisations at session creation make the same, so its rounds would only measure noise, at ~2 s a graph a
+# round on bert-base
+SCREEN_TOLERANCE = 0.005
+
+
+def screened(original: Graph, candidates: list[Candidate], estimated: Mapping[str, float]) -> dict[str, str]:
+    """label -> why it is not timed: the candidates with the original's ops estimated within SCREEN_TOLERANCE
+    of it (`estimated`: label -> the cost model's speed-up). Screening only leaves the original in their
+    place: nothing is written that was not measured faster."""
+    from collections import Counter
+
+    ops = Counter((n.domain, n.op) for n in original.nodes.values())
+    out = {}
+    for c in candidates:
+        est = estimated[c.label]
+        if abs(est - 1) <= SCREEN_TOLERANCE and Counter((n.domain, n.op) for n in c.written.nodes.values()) == ops:
+            out[c.label] = f"screened, not timed: the original's ops, estimated {est:.3f}x"
     return out
 
 
