@@ -6,7 +6,8 @@ the weights are seeded and made to look trained, RMSNorm scales not 1), wraps it
 output), and exports it with both torch exporters (TorchScript `dynamo=False`, opset 17; dynamo, opset 18):
 fixed sequence length, no KV cache, inputs `input_ids` and `attention_mask` (int64, as the model takes
 them), output `logits`. The fixtures under tests/fixtures/ are the `tiny` size, which tests use without
-transformers installed (tests/test_hf_llama_forms.py).
+transformers installed (tests/test_hf_llama_forms.py), of both attention implementations: SDPA (transformers'
+default; hf_llama_lora_tiny_*) and eager (`--attn eager`; hf_llama_lora_eager_tiny_*).
 
 Needs transformers and peft (experiments/requirements-libraries.txt), e.g. installed beside the venv:
 
@@ -67,8 +68,9 @@ class CausalLM(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def build(size: str, seed: int = 0, merged: bool = False) -> nn.Module:
-    """The PEFT-wrapped LLaMA (adapters unmerged) or, with `merged`, peft's merge_and_unload of the same."""
+def build(size: str, seed: int = 0, merged: bool = False, attn: str = "sdpa") -> nn.Module:
+    """The PEFT-wrapped LLaMA (adapters unmerged) or, with `merged`, peft's merge_and_unload of the same;
+    `attn`: transformers' attention implementation, "sdpa" (its default) or "eager"."""
     import peft
     import transformers
 
@@ -76,7 +78,8 @@ def build(size: str, seed: int = 0, merged: bool = False) -> nn.Module:
     cfg = transformers.LlamaConfig(
         vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.ffn, num_hidden_layers=d.layers,
         num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, max_position_embeddings=max(128, d.seq),
-        rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False, use_cache=False)
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False, use_cache=False,
+        attn_implementation=attn)
     torch.manual_seed(seed)
     base = transformers.LlamaForCausalLM(cfg).eval()
     gen = torch.Generator().manual_seed(seed + 7919)
@@ -139,14 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="tiny", choices=sorted(SIZES))
     ap.add_argument("--exporters", default="ts,dynamo")
     ap.add_argument("--out", type=Path, default=FIXTURES, help="folder for hf_llama_lora_<size>_<exporter>.onnx")
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"),
+                    help="transformers' attention implementation (eager: files named hf_llama_lora_eager_...)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    module = build(args.size, args.seed)
+    module = build(args.size, args.seed, attn=args.attn)
+    stem = "hf_llama_lora" if args.attn == "sdpa" else "hf_llama_lora_eager"
     for exporter in args.exporters.split(","):
         model = export_hf(module, args.size, exporter)
         err = check(model, module, args.size)
-        path = args.out / f"hf_llama_lora_{args.size}_{exporter}.onnx"
+        path = args.out / f"{stem}_{args.size}_{exporter}.onnx"
         onnx.save(model, str(path))
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {len(model.graph.node)} nodes, "
               f"{path.stat().st_size / 1024:.0f} KiB, max |onnxruntime - torch| {err:.2e}")

@@ -2,11 +2,12 @@
 their RMSNorm, rotary and attention forms in both exporters' files, and the result computes what the export
 computes under onnxruntime, for unpadded, left-padded and arbitrary attention masks.
 
-The fixtures (tests/fixtures/hf_llama_lora_tiny_{ts,dynamo}.onnx: transformers' LlamaForCausalLM, hidden 64,
-one layer, 4 heads over 2 key/value heads, PEFT LoRA r 8 on every projection, unmerged; inputs input_ids and
-attention_mask) were written by experiments/make_hf_llama_fixtures.py, so these tests need neither transformers
-nor peft. The attention's mask is computed from the attention_mask input, so the grouped-query attention fuses
-into MultiHeadAttention with the mask as attention_bias (rewrite_rules/contrib_gqa_masked.rules).
+The fixtures (tests/fixtures/hf_llama_lora{,_eager}_tiny_{ts,dynamo}.onnx: transformers' LlamaForCausalLM with
+SDPA (its default) or eager attention, hidden 64, one layer, 4 heads over 2 key/value heads, PEFT LoRA r 8 on
+every projection, unmerged; inputs input_ids and attention_mask) were written by
+experiments/make_hf_llama_fixtures.py, so these tests need neither transformers nor peft. The attention's mask is
+computed from the attention_mask input, so the grouped-query attention fuses into MultiHeadAttention with the
+mask as attention_bias (rewrite_rules/contrib_gqa_masked.rules).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 RULE_FILES = ["reshape", "lora", "contrib_rmsnorm", "contrib_rotary", "contrib_gqa_masked"]
 # what each form is written with before the rules, and what it must become
 UNFUSED = ("Pow", "ReduceMean", "Sqrt", "Neg", "Softmax")
+# transformers' attention implementations: SDPA (its default) and eager
+STEMS = ["hf_llama_lora", "hf_llama_lora_eager"]
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +46,16 @@ def engine() -> RewriteEngine:
 
 
 def _rewrite(graph: Graph, engine: RewriteEngine, limit: int = 60) -> tuple[Graph, list[str]]:
-    """Apply the first candidate until none is left (each rule here removes its match, so this ends)."""
+    """Greedy by node count: apply the candidate that removes the most nodes (the first of a tie) until none is
+    left (each rule here removes its match, so this ends)."""
     applied: list[str] = []
     for _ in range(limit):
         cands = engine.candidates(graph)
         if not cands:
             return graph, applied
-        graph = cands[0].graph
-        applied.append(cands[0].rule)
+        best = max(cands, key=lambda c: len(c.removed) - len(c.added))
+        graph = best.graph
+        applied.append(best.rule)
     raise AssertionError(f"still rewriting after {limit} steps: {Counter(applied)}")
 
 
@@ -63,9 +68,11 @@ def _masks(seq: int) -> list[np.ndarray]:
     return [np.ones((1, seq), np.int64), left, right, (rng.random((1, seq)) > 0.4).astype(np.int64)]
 
 
+@pytest.mark.parametrize("stem", STEMS)
 @pytest.mark.parametrize("exporter", ["ts", "dynamo"])
-def test_rmsnorm_rotary_and_attention_of_hf_llama_fuse_and_verify(exporter: str, engine: RewriteEngine) -> None:
-    model = onnx.load(str(FIXTURES / f"hf_llama_lora_tiny_{exporter}.onnx"))
+def test_rmsnorm_rotary_and_attention_of_hf_llama_fuse_and_verify(stem: str, exporter: str,
+                                                                  engine: RewriteEngine) -> None:
+    model = onnx.load(str(FIXTURES / f"{stem}_tiny_{exporter}.onnx"))
     before = Counter(n.op_type for n in model.graph.node)
     assert before["Softmax"] == 1 and before["Pow"] == 3 and before["Neg"] == 2  # the forms are there to fuse
     fused, applied = _rewrite(from_onnx(model), engine)
@@ -79,6 +86,7 @@ def test_rmsnorm_rotary_and_attention_of_hf_llama_fuse_and_verify(exporter: str,
     assert after["SimplifiedLayerNormalization"] + after["SkipSimplifiedLayerNormalization"] == 3, after
     assert after["RotaryEmbedding"] == 2 and after["MultiHeadAttention"] == 1, after
     assert not any(after[op] for op in UNFUSED), after
+    assert after["Mul"] <= 2, after  # SiLU's two: no norm scale left beside its fused norm
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -93,12 +101,14 @@ def test_rmsnorm_rotary_and_attention_of_hf_llama_fuse_and_verify(exporter: str,
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("stem", STEMS)
 @pytest.mark.parametrize("exporter", ["ts", "dynamo"])
-def test_xrl_optimize_writes_a_verified_model_with_the_norms_and_rotary_fused(exporter: str, tmp_path: Path) -> None:
+def test_xrl_optimize_writes_a_verified_model_with_the_norms_and_rotary_fused(stem: str, exporter: str,
+                                                                              tmp_path: Path) -> None:
     from xrl.api import optimize
 
     out = tmp_path / "out.onnx"
-    result = optimize(str(FIXTURES / f"hf_llama_lora_tiny_{exporter}.onnx"), output=str(out), prepass=(),
+    result = optimize(str(FIXTURES / f"{stem}_tiny_{exporter}.onnx"), output=str(out), prepass=(),
                       guard=False)
     assert result.verified
     ops = Counter(n.op_type for n in onnx.load(str(out)).graph.node)
@@ -111,7 +121,8 @@ def test_the_masked_gqa_rules_verify_at_20_trials() -> None:
 
     path = ROOT / "rewrite_rules" / "contrib_gqa_masked.rules"
     rules = parse_rules(path.read_text(), str(path))
-    assert {r.name for r in rules} == {"fuse_gqa_masked_sdpa", "fuse_gqa_masked_sdpa_k3"}
+    assert {r.name for r in rules} == {"fuse_gqa_masked_sdpa", "fuse_gqa_masked_sdpa_k3", "fuse_gqa_masked_eager",
+                                       "fuse_gqa_masked_eager_cast"}
     for rule in rules:
         check = verify_rule(rule, seed=3, trials=20)
         assert check.ok and check.trials == 20 and check.max_err <= 1e-9, (rule.name, check.detail)
