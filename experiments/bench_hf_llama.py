@@ -63,8 +63,8 @@ def fuse_attention(src: Path, dst: Path) -> int:
 def make_variants(exporter: str, args, work: Path) -> dict[str, harness.Variant]:
     variants = {v: harness.Variant(v) for v in VARIANTS}
     src, lim = work / f"{exporter}-original.onnx", work / f"{exporter}-limit.onnx"
-    onnx.save(hf.export_hf(hf.build(args.size, args.seed), args.size, exporter), str(src))
-    onnx.save(hf.export_hf(hf.build(args.size, args.seed, merged=True), args.size, exporter), str(lim))
+    onnx.save(hf.export_hf(hf.build(args.size, args.seed, attn=args.attn), args.size, exporter), str(src))
+    onnx.save(hf.export_hf(hf.build(args.size, args.seed, merged=True, attn=args.attn), args.size, exporter), str(lim))
     variants["original"].path = variants["A/A"].path = src
     variants["limit"].path = lim
     makers = {
@@ -144,7 +144,7 @@ def markdown(rows: dict[str, tuple[dict, dict]], args, elapsed: float) -> str:
     d = hf.SIZES[args.size]
     lines = [f"# Hugging Face LLaMA with PEFT LoRA: `--size {args.size}` (hidden {d.hidden}, {d.layers} layers, "
              f"{d.heads} heads over {d.kv_heads} key/value heads, SwiGLU {d.ffn}, vocab {d.vocab}, sequence {d.seq}), "
-             f"threads {args.threads}",
+             f"{args.attn} attention, threads {args.threads}",
              "",
              f"Speed-up = original / variant under onnxruntime (CPU, ORT_ENABLE_ALL), median over {args.rounds} "
              f"interleaved rounds [95% bootstrap interval]; nodes and the fused ops of each file. A shared, loaded "
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="small", choices=sorted(hf.SIZES))
     ap.add_argument("--exporters", default="ts,dynamo")
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="transformers' attention implementation")
     ap.add_argument("--threads", default="1", help="onnxruntime intra-op threads: N or all (xrl optimises for it)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--runs", type=int, default=5, help="runs per variant per round (at least --min-ms)")
