@@ -125,3 +125,54 @@ def test_onnxslim_runs_on_the_weights_stripped_and_restores_them(monkeypatch) ->
         assert [v.name for v in result.graph.input] == ["x", "w2"]  # w1 is no input again; w2 stays declared
         assert all(t.data_location != TensorProto.EXTERNAL for t in result.graph.initializer)
         assert compare_models(model, result, trials=1).ok
+
+
+def _renames_w2(m: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """A pass that writes a weight again under a new name (its bytes in the result's own file), keeps w1 and
+    removes the Identity."""
+    import os
+
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(m, os.getcwd())  # in the child: its weights from the child's own file
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    for t in out.graph.initializer:
+        if t.name == "w2":
+            t.name = "w2_again"
+    kept = [n for n in out.graph.node if n.op_type != "Identity"]  # and changes a node, so that it counts
+    for n in kept:
+        n.input[:] = [{"w2": "w2_again", "r2": "r"}.get(v, v) for v in n.input]
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    return out, "renamed"
+
+
+def test_pre_passes_on_a_head_hold_the_unchanged_weights_once(monkeypatch) -> None:
+    """`run_prepasses_on_head`: the child writes the weights from the parent's arrays, and its result comes back as
+    a head whose unchanged weights are those arrays themselves (a weight where the child wrote it: no byte read
+    back; one the pass wrote again: read alone and interned), with no model holding the weights loaded in the
+    parent; the result computes what the model computes."""
+    from xrl.frontends.onnx_io import from_onnx
+    from xrl.frontends.onnx_weights import in_memory, materialize, split_model
+    from xrl.frontends.verify import compare_models
+
+    model = _big_mlp()
+    ident = helper.make_node("Identity", ["r"], ["r2"])  # for onnxslim to remove
+    model.graph.node.insert(2, ident)
+    model.graph.node[3].input[0] = "r2"
+    graph = from_onnx(model)
+    head, weights = split_model(model, like=graph.initializers)
+    assert weights["w1"] is graph.initializers["w1"]
+    monkeypatch.setitem(prepass.PASSES, "renames", prepass.Prepass(_renames_w2))
+    checked = []
+    for chain, w2 in ((["onnxslim"], "w2"), (["renames"], "w2_again")):
+        with monkeypatch.context() as m:
+            m.setattr(onnx, "load_external_data_for_model", None)  # the parent reads no model's weights whole
+            out, arrays, reports = prepass.run_prepasses_on_head(
+                head, weights, chain, time_limit=60, check=lambda h, e: checked.append(from_onnx(h, external=e)))
+        assert reports[0].applied, reports
+        assert all(in_memory(t) for t in out.graph.initializer if t.name in arrays)
+        assert arrays["w1"] is weights["w1"] and arrays[w2] is weights["w2"]
+        assert compare_models(model, materialize(out, arrays), trials=1).ok
+    assert len(checked) == 2

@@ -34,9 +34,10 @@ import io
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import onnx
 
 CONTRIB_DOMAIN = "com.microsoft"
@@ -92,6 +93,10 @@ def _onnxslim(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     import onnxslim
 
     lite = weight_stripped(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in lite.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(lite, os.getcwd())  # the few small ones a child put on disk beside big ones
     with _quiet():  # the stripped copy is the pass's own: no deepcopy of it
         out = onnxslim.slim(lite)
     _restore_weights(out, model)
@@ -130,10 +135,7 @@ def _restore_weights(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
             offset = data.tell()
             raw = src.raw_data  # one tensor's bytes at a time
             data.write(raw)
-            t.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", RESTORED_WEIGHTS_FILE), ("offset", offset), ("length", len(raw))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, str(value)
+            _refer(t, RESTORED_WEIGHTS_FILE, offset, len(raw))
             del raw
     finally:
         if data is not None:
@@ -180,26 +182,57 @@ def _ort_transformers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     return _typed(best), f"model type {best_type}: {best_fused} fused ops"
 
 
+def _refer(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make `t` an external-data tensor whose bytes are at `offset` in the file `location` (relative to the
+    model's folder)."""
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
 # Initialisers of at least this many bytes go to the child's weight file (`_weights_to_disk`)
 _TO_DISK_BYTES = 16 << 10
 WEIGHTS_FILE = "weights.data"
 RESULT_WEIGHTS_FILE = "result.data"  # the weights of a child's result, beside result.onnx
 
 
-def _weights_to_disk(model: onnx.ModelProto) -> None:
+def _weights_to_disk(model: onnx.ModelProto, external: Mapping[str, np.ndarray] | None = None
+                     ) -> dict[tuple[int, int], str]:
     """In a pre-pass child (its working folder is the parent's scratch folder for it): every initialiser of
     _TO_DISK_BYTES or more moves to WEIGHTS_FILE there, and `model` keeps external-data references to it.
     onnxruntime's transformers optimizer copies its input (a deepcopy per model type tried, its model wrapper)
     and reads only the weights a fusion concatenates (attention's q, k, v), loaded from the file when read; the
     result, written beside the file, loads whole in the parent. The child's memory then stays near its share
-    of the parent's pages (fusions read shapes, not values; the file is removed with the scratch folder)."""
+    of the parent's pages (fusions read shapes, not values; the file is removed with the scratch folder).
+    With `external`, `model` is a head (`run_prepasses_on_head`): its kept-apart weights are written from these
+    arrays (the parent's, which the fork shares), the small ones into the model; returns where each went,
+    {(offset, length): name}: a result's tensor found there is that array, unchanged."""
     from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
+    written: dict[tuple[int, int], str] = {}
+    if external:
+        from xrl.frontends.onnx_weights import in_memory
+
+        with open(WEIGHTS_FILE, "ab") as data:
+            for t in model.graph.initializer:
+                if not (in_memory(t) and t.name in external):
+                    continue
+                arr = np.ascontiguousarray(external[t.name], dtype=external[t.name].dtype.newbyteorder("<"))
+                del t.external_data[:]
+                if arr.nbytes < _TO_DISK_BYTES:
+                    t.ClearField("data_location")
+                    t.raw_data = arr.tobytes()
+                    continue
+                written[(data.tell(), arr.nbytes)] = t.name
+                _refer(t, WEIGHTS_FILE, data.tell(), arr.nbytes)
+                data.write(memoryview(arr.reshape(-1).view(np.uint8)))  # the array's own bytes, no copy
     if not any(len(t.raw_data) >= _TO_DISK_BYTES for t in model.graph.initializer):
-        return
+        return written
     convert_model_to_external_data(model, all_tensors_to_one_file=True, location=WEIGHTS_FILE,
                                    size_threshold=_TO_DISK_BYTES, convert_attribute=False)
     write_external_data_tensors(model, os.getcwd())  # clears each tensor's raw_data once written
+    return written
 
 
 def _head_shapes(model: onnx.ModelProto, most: int = 1) -> list[tuple[int, int]]:
@@ -306,6 +339,10 @@ def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     from xrl.errors import VerificationError
     from xrl.frontends.verify import compare_models
 
+    if _OWNED and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, os.getcwd())  # a head's weights, from the child's file: its own copy
     with _quiet():
         # the IR wraps the proto's tensors without copying them and never writes the proto: in the child (which
         # owns its copy-on-write model) no deepcopy is needed
@@ -386,7 +423,8 @@ def _scratch_cwd():
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int) -> None:  # noqa: ANN001
+def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int,  # noqa: ANN001
+              external: Mapping[str, np.ndarray] | None = None) -> None:
     # `model` is the parent's own object, inherited by the fork (nothing serialised on the way in); the
     # pass's output goes to the file result.onnx in `scratch`, the folder the PARENT made and removes (a child
     # ended by the time limit or a signal runs no cleanup of its own), which is also the child's working and
@@ -403,6 +441,9 @@ def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int
     tempfile.tempdir = work
     result = os.path.join(scratch, "result.onnx")
     try:
+        written = {}
+        if external is not None:  # a head: its weights from the parent's arrays to this child's file
+            written = _weights_to_disk(model, external)
         out, detail = PASSES[name].run(model)
         changed = out is not None and out is not model
         if changed:  # the weights to a file one tensor at a time: no serialised copy of them beside the model
@@ -413,11 +454,11 @@ def _in_child(name: str, model: onnx.ModelProto, scratch: str, conn, parent: int
             write_external_data_tensors(out, scratch)
             with open(result, "wb") as f:
                 f.write(out.SerializeToString())
-        conn.send((changed, detail, None))
+        conn.send((changed, detail, None, written))
     except Exception as e:  # reported by the parent as a dropped pass
         from xrl.frontends.onnx_io import brief_error
 
-        conn.send((False, "", brief_error(e)))
+        conn.send((False, "", brief_error(e), {}))
     finally:
         conn.close()
 
@@ -445,6 +486,94 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
     if timeout is None or timeout == float("inf"):
         with _scratch_cwd():
             return PASSES[name].run(model)
+    return _in_fork(name, model, None, timeout, lambda path, _: onnx.load(path))
+
+
+def _run_bounded_head(name: str, head: onnx.ModelProto, external: Mapping[str, np.ndarray], timeout: float | None
+                      ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], str]:
+    """`_run_bounded` on a head and its kept-apart weights (`xrl.frontends.onnx_weights`): the child writes them
+    to its scratch file from the arrays the fork shares, and the result comes back as a head whose weights
+    are read from the child's files one at a time, each one equal to an array alive already (the IR's) being
+    that array (`shared_weight`): the parent holds only the weights the pass changed, once."""
+    from xrl.frontends.onnx_weights import materialize, split_model
+
+    if timeout is None or timeout == float("inf"):
+        full = materialize(head, external)
+        with _scratch_cwd():
+            out, detail = PASSES[name].run(full)
+        if out is full:
+            return head, dict(external), detail
+        out_head, arrays = split_model(out)
+        return out_head, _interned(arrays), detail
+    out = _in_fork(name, head, external, timeout, lambda path, written: _read_head(path, written, external))
+    return (head, dict(external), out[1]) if out[0] is head else (*out[0], out[1])
+
+
+def _interned(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from xrl.frontends.onnx_weights import shared_weight
+
+    return {k: shared_weight(a) for k, a in arrays.items()}
+
+
+def _read_head(path: str, written: Mapping[tuple[int, int], str], external: Mapping[str, np.ndarray]
+               ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A child's result file as a head and its weights. A tensor where the child wrote one of `external`'s arrays
+    (`written`: {(offset, length): name} in WEIGHTS_FILE), of its dtype, is that array (no byte read); any other
+    is read from its file alone and interned (`shared_weight`), a small one put back into the model."""
+    from xrl.frontends.onnx_weights import kept_apart, mark_external, shared_weight, split_model
+
+    head = onnx.load(path, load_external_data=False)
+    folder = os.path.dirname(path)
+    if _external_below(head.graph):
+        full = onnx.load(path)  # external tensors in subgraphs or attributes: read whole (no pass writes them)
+        out, arrays = split_model(full)
+        return out, _interned(arrays)
+    arrays: dict[str, np.ndarray] = {}
+    for t in head.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+        count = int(np.prod(t.dims, dtype=np.int64))
+        known = written.get((int(info.get("offset", -1)), int(info.get("length", -1)))) \
+            if info.get("location") == WEIGHTS_FILE else None
+        if known is not None and external[known].dtype == dtype and external[known].size == count:
+            del t.external_data[:]
+            t.ClearField("data_location")
+            mark_external(t)
+            same = external[known]
+            arrays[t.name] = same if same.shape == tuple(t.dims) else same.reshape(tuple(t.dims))  # its bytes
+            continue
+        location = os.path.join(folder, info["location"])
+        arr = np.fromfile(location, dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+        arr = arr.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(t.dims))
+        del t.external_data[:]
+        t.ClearField("data_location")
+        if kept_apart(arr):
+            mark_external(t)
+            arrays[t.name] = shared_weight(arr)  # one tensor's bytes at a time: equal to a live one, that one
+        else:
+            t.raw_data = np.ascontiguousarray(arr, dtype=dtype).tobytes()
+    return head, arrays
+
+
+def _external_below(graph: onnx.GraphProto) -> bool:
+    """Whether a tensor in a node's attribute or a subgraph (not the graph's own initialisers) has external data."""
+    ext = onnx.TensorProto.EXTERNAL
+    for n in graph.node:
+        for a in n.attribute:
+            if a.t.data_location == ext or any(t.data_location == ext for t in a.tensors):
+                return True
+            for g in (a.g, *a.graphs) if a.HasField("g") or a.graphs else ():
+                if any(t.data_location == ext for t in g.initializer) or _external_below(g):
+                    return True
+    return False
+
+
+def _in_fork(name: str, model: onnx.ModelProto, external: Mapping[str, np.ndarray] | None, timeout: float,
+             load: Callable[[str, dict], object]) -> tuple[object, str]:
+    """The pass `name` on `model` in a forked child within `timeout` seconds: (load(result file, where the child
+    wrote `external`'s arrays), detail), or (model, detail) where the pass changed nothing."""
     import multiprocessing as mp
     import tempfile
 
@@ -454,13 +583,13 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
     with tempfile.TemporaryDirectory(prefix="xrl-prepass-") as scratch:
         result = os.path.join(scratch, "result.onnx")
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_in_child, args=(name, model, scratch, child, os.getpid()), daemon=True)
+        proc = ctx.Process(target=_in_child, args=(name, model, scratch, child, os.getpid(), external), daemon=True)
         proc.start()
         child.close()
         try:
             if not parent.poll(timeout):
                 raise PassTimeout(f"took longer than {timeout:.0f} s")
-            changed, detail, error = parent.recv()
+            changed, detail, error, written = parent.recv()
         except EOFError:
             raise RuntimeError(f"the pass's process ended without a result (exit code {proc.exitcode})") from None
         finally:
@@ -468,7 +597,7 @@ def _run_bounded(name: str, model: onnx.ModelProto, timeout: float | None) -> tu
             parent.close()
         if error:
             raise RuntimeError(error)
-        return (onnx.load(result) if changed else model), detail
+        return (load(result, written) if changed else model), detail
 
 
 def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
@@ -513,6 +642,26 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
     model's size needs (`scaled_time_limit`): a fixed share of the search's time would drop the passes on
     large models, and with them the exact fusions they enable. Each result must pass `check` (import into
     the IR, say: it raises on failure), else it is dropped."""
+    model, _, reports = _chain(model, None, names, None if check is None else lambda m, _: check(m), time_limit)
+    return model, reports
+
+
+def run_prepasses_on_head(head: onnx.ModelProto, external: Mapping[str, np.ndarray], names: Sequence[str], *,
+                          check: Callable[[onnx.ModelProto, dict[str, np.ndarray]], None] | None = None,
+                          time_limit: float | None = None
+                          ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[PassReport]]:
+    """`run_prepasses` on a head and its kept-apart weights (`to_onnx(..., external=...)`, `split_model`): no
+    model holding the weights is built in this process. Each child writes the weights to its own file from these
+    arrays, and its result comes back as a head whose unchanged weights are the arrays already held (the IR's,
+    through `shared_weight`). Returns the result's head, its weights and the reports; `check` gets a head and
+    its weights (`from_onnx(head, external=weights)`)."""
+    return _chain(head, dict(external), names, check, time_limit)
+
+
+def _chain(model: onnx.ModelProto, external: dict[str, np.ndarray] | None, names: Sequence[str],
+           check: Callable[[onnx.ModelProto, dict[str, np.ndarray] | None], None] | None,
+           time_limit: float | None) -> tuple[onnx.ModelProto, dict[str, np.ndarray] | None, list[PassReport]]:
+    """The loop of `run_prepasses` (`external` None: full models) and `run_prepasses_on_head` (heads)."""
     import time
 
     from xrl.frontends.onnx_io import brief_error
@@ -537,13 +686,16 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
                                       f" ({time_limit:.0f} s); {QUIETER}", timed_out=True))
             continue
         try:
-            out, detail = _run_bounded(name, model, left)
+            if external is None:
+                (out, detail), out_external = _run_bounded(name, model, left), None
+            else:
+                out, out_external, detail = _run_bounded_head(name, model, external, left)
             if out is model or histogram(out) == histogram(model) and len(out.graph.initializer) == len(
                     model.graph.initializer):
                 reports.append(PassReport(name, False, before, before, detail or "no change"))
                 continue
             if check is not None:
-                check(out)
+                check(out, out_external)
         except PassTimeout as e:
             reports.append(PassReport(name, False, before, before, f"dropped: {e} (its time limit); {QUIETER}",
                                       timed_out=True))
@@ -552,5 +704,5 @@ def run_prepasses(model: onnx.ModelProto, names: Sequence[str], *,
             reports.append(PassReport(name, False, before, before, f"dropped: {brief_error(e)}"))
             continue
         reports.append(PassReport(name, True, before, len(out.graph.node), detail))
-        model = out
-    return model, reports
+        model, external = out, out_external
+    return model, external, reports
