@@ -66,6 +66,9 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         raise ModelLoadError(f"{p}: no such file; check the path")
     if p.is_dir():
         raise ModelLoadError(f"{p} is a directory, not an ONNX file; pass the path of the .onnx file")
+    head = read_model_head(p)
+    if head is not None:  # each weight read alone into the array the IR keeps: no model holds them all
+        return _import(head[0], input_shapes, name or p.stem, str(p), head[1])
     try:
         model = onnx.load(str(p))
     except OSError as e:  # unreadable file, or external data missing beside it
@@ -78,6 +81,24 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]]
         raise ModelLoadError(f"{p} is not a valid ONNX model (no IR version or graph); check the file "
                              f"is complete or export it again")
     return _import(model, input_shapes, name or p.stem, str(p))
+
+
+def read_model_head(path: str | os.PathLike, like: Mapping[str, np.ndarray] | None = None
+                    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]] | None:
+    """`onnx_weights.read_head` of a model file whose weights are all in it (the common export), else None (a
+    file with external data, or one the reader does not walk: onnx.load reads it, and says what is wrong)."""
+    from google.protobuf.message import DecodeError
+
+    from xrl.frontends.onnx_weights import in_memory, read_head
+
+    try:
+        head, external = read_head(str(path), like)
+    except (OSError, ValueError, DecodeError):
+        return None
+    if any(t.data_location == onnx.TensorProto.EXTERNAL and not in_memory(t) for t in head.graph.initializer) \
+            or head.ir_version <= 0 or not head.HasField("graph"):
+        return None
+    return head, external
 
 
 def from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None, *,

@@ -177,3 +177,147 @@ def copy_fields(dst, src, skip: str | Sequence[str] = ()) -> None:  # noqa: ANN0
             getattr(dst, field.name).CopyFrom(value)
         else:
             setattr(dst, field.name, value)
+
+
+# ----- reading an .onnx file as a head, one weight at a time -----------------------------------------------------
+# The wire format's field numbers: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+# element types whose raw bytes are a plain little-endian array of the numpy dtype onnx maps them to
+_PLAIN_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT8,
+                          TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
+                          TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64, TensorProto.BOOL})
+
+
+class _Wire:
+    """A protobuf message's bytes in a file, read field by field (only what `read_head` needs)."""
+
+    def __init__(self, f) -> None:  # noqa: ANN001 - a binary file
+        self.f = f
+
+    def varint(self) -> int:
+        shift = value = 0
+        while True:
+            b = self.f.read(1)
+            if not b:
+                raise ValueError("truncated protobuf")
+            value |= (b[0] & 0x7F) << shift
+            if b[0] < 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise ValueError("bad varint")
+
+    def field(self) -> tuple[int, int, int, int]:
+        """(field number, wire type, where its value starts, where the field ends)."""
+        tag = self.varint()
+        wire = tag & 7
+        if wire == 0:
+            start = self.f.tell()
+            self.varint()
+            return tag >> 3, wire, start, self.f.tell()
+        if wire == 2:
+            length = self.varint()
+            start = self.f.tell()
+            return tag >> 3, wire, start, start + length
+        if wire in (1, 5):
+            start = self.f.tell()
+            return tag >> 3, wire, start, start + (8 if wire == 1 else 4)
+        raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _varint_bytes(field << 3 | wire)
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _copy_span(f, begin: int, end: int) -> bytes:  # noqa: ANN001
+    f.seek(begin)
+    data = f.read(end - begin)
+    if len(data) != end - begin:
+        raise ValueError("truncated protobuf")
+    return data
+
+
+def read_head(path: str, like: Mapping[str, np.ndarray] | None = None, *, whole: bool = False
+              ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """An .onnx file as a head (`split_model`'s form) and its big weights, without the file's bytes or a model
+    holding every weight in memory at once: the protobuf is walked in the file, each top-level initialiser's
+    raw_data is skipped, then read alone into its array (where `like` holds an array of the same name, dtype,
+    shape and bytes, that array instead: no second copy). With `whole`, each weight goes back into the model
+    instead (a full ModelProto, built one weight at a time: no copy of the file's bytes beside it). Raises
+    ValueError where the file is not a protobuf this reader walks (the caller falls back to onnx.load)."""
+    import os
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        wire = _Wire(f)
+        model_parts: list[bytes] = []
+        spans: list[tuple[int, int] | None] = []  # each initialiser's raw_data in the file, in order
+        while f.tell() < size:
+            begin = f.tell()
+            field, kind, start, end = wire.field()
+            if field != _MODEL_GRAPH or kind != 2:
+                model_parts.append(_copy_span(f, begin, end))
+                continue
+            graph_parts: list[bytes] = []
+            f.seek(start)
+            while f.tell() < end:
+                g_begin = f.tell()
+                g_field, g_kind, g_start, g_end = wire.field()
+                if g_field != _GRAPH_INITIALIZER or g_kind != 2:
+                    graph_parts.append(_copy_span(f, g_begin, g_end))
+                    continue
+                tensor_parts: list[bytes] = []
+                span = None
+                f.seek(g_start)
+                while f.tell() < g_end:
+                    t_begin = f.tell()
+                    t_field, t_kind, t_start, t_end = wire.field()
+                    if t_field == _TENSOR_RAW_DATA and t_kind == 2:
+                        span = (t_start, t_end - t_start)
+                        f.seek(t_end)
+                    else:
+                        tensor_parts.append(_copy_span(f, t_begin, t_end))
+                tensor = b"".join(tensor_parts)
+                graph_parts.append(_key(_GRAPH_INITIALIZER, 2) + _varint_bytes(len(tensor)) + tensor)
+                spans.append(span)
+                f.seek(g_end)
+            graph = b"".join(graph_parts)
+            model_parts.append(_key(_MODEL_GRAPH, 2) + _varint_bytes(len(graph)) + graph)
+            f.seek(end)
+        head = onnx.ModelProto.FromString(b"".join(model_parts))
+        del model_parts
+        if len(head.graph.initializer) != len(spans):
+            raise ValueError("initialisers out of step with the file")
+        external: dict[str, np.ndarray] = {}
+        for t, span in zip(head.graph.initializer, spans):
+            if span is None:
+                continue
+            offset, length = span
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<") \
+                if t.data_type in _PLAIN_TYPES else None
+            count = int(np.prod(t.dims, dtype=np.int64))
+            if whole or dtype is None or count * dtype.itemsize != length:
+                t.raw_data = _copy_span(f, offset, offset + length)  # as the file has it
+                continue
+            f.seek(offset)
+            arr = np.fromfile(f, dtype=dtype, count=count).reshape(tuple(t.dims))
+            if not kept_apart(arr):
+                t.raw_data = arr.tobytes()
+                continue
+            known = like.get(t.name) if like is not None else None
+            if known is not None and known.dtype == arr.dtype and known.shape == arr.shape \
+                    and known.flags.c_contiguous \
+                    and np.array_equal(known.reshape(-1).view(np.uint8), arr.reshape(-1).view(np.uint8)):
+                arr = known
+            mark_external(t)
+            external[t.name] = arr
+    return head, external
