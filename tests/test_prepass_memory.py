@@ -176,3 +176,22 @@ def test_pre_passes_on_a_head_hold_the_unchanged_weights_once(monkeypatch) -> No
         assert arrays["w1"] is weights["w1"] and arrays[w2] is weights["w2"]
         assert compare_models(model, materialize(out, arrays), trials=1).ok
     assert len(checked) == 2
+
+
+def test_onnxscript_on_a_head_maps_the_weights_and_gives_what_it_gives_in_memory() -> None:
+    """onnxscript's child on a head: its IR maps the weights from the child's file and writes its result's to a
+    file (no model holding them in the child); the result has the nodes the in-memory run gives and verifies."""
+    from xrl.graphs import families as F
+
+    from xrl.frontends.onnx_io import from_onnx
+    from xrl.frontends.onnx_weights import materialize, split_model
+    from xrl.frontends.verify import compare_models
+
+    model = F.build_onnx("attn_bert", "full", "ts")
+    assert max(len(t.raw_data) for t in model.graph.initializer) >= prepass._TO_DISK_BYTES  # some go to the file
+    in_memory, _ = prepass._run_bounded("onnxscript", model, None)
+    head, weights = split_model(model, like=from_onnx(model).initializers)
+    out, arrays, reports = prepass.run_prepasses_on_head(head, weights, ["onnxscript"], time_limit=120)
+    assert reports[0].applied, reports
+    assert prepass.histogram(out) == prepass.histogram(in_memory)
+    assert compare_models(model, materialize(out, arrays), trials=1).ok

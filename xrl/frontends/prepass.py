@@ -339,15 +339,20 @@ def _onnxscript(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     from xrl.errors import VerificationError
     from xrl.frontends.verify import compare_models
 
-    if _OWNED and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, os.getcwd())  # a head's weights, from the child's file: its own copy
+    on_disk = _OWNED and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     with _quiet():
-        # the IR wraps the proto's tensors without copying them and never writes the proto: in the child (which
-        # owns its copy-on-write model) no deepcopy is needed
-        optimized, stats = optimize_for_ort(ir.from_proto(model if _OWNED else copy.deepcopy(model)))
-        out = ir.to_proto(optimized)
+        if on_disk:  # a head's weights in the child's file: the IR maps them from there, and writes its result's
+            # weights to a file of its own, so that neither side holds them in a model (bert: the child 5.4x -> 2.4x)
+            onnx.save(model, "input.onnx")  # the model's head: external references to the file beside it
+            optimized, stats = optimize_for_ort(ir.load("input.onnx"))
+            ir.save(optimized, "onnxscript.onnx", external_data="onnxscript.data", size_threshold_bytes=_TO_DISK_BYTES)
+            del optimized
+            out = onnx.load("onnxscript.onnx", load_external_data=False)
+        else:
+            # the IR wraps the proto's tensors without copying them and never writes the proto: in the child
+            # (which owns its copy-on-write model) no deepcopy is needed
+            optimized, stats = optimize_for_ort(ir.from_proto(model if _OWNED else copy.deepcopy(model)))
+            out = ir.to_proto(optimized)
     fused = {k: v for k, v in stats.items() if v}
     if not fused and histogram(out) == histogram(model):
         return model, "no fusion applies"
