@@ -269,3 +269,25 @@ def test_a_candidate_with_the_originals_ops_and_estimate_is_screened() -> None:
     out = screened(original, [_candidate("same_ops", same_ops), _candidate("fewer", fewer),
                               _candidate("same_ops_faster", chain("same_ops_faster", 3))], estimated)
     assert set(out) == {"same_ops"} and "not timed" in out["same_ops"]  # fewer ops, or a real estimate: timed
+
+
+# ----- the guard's own repeats unless the user asks ------------------------------------------------------------
+@pytest.mark.parametrize("argv, expected", [([], None), (["--measure-repeats", "3"], {"repeats": 3})])
+def test_the_guard_keeps_its_own_repeats_unless_asked(argv, expected, monkeypatch) -> None:
+    """--measure-repeats' old default (10) reached the guard, whose own is 5 per round: on bert 12 runs a graph a
+    round instead of 7, the guard's time nearly doubled for no resolution (the fresh session varies most)."""
+    import xrl.api
+    from xrl.cli import main
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_optimize(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(xrl.api, "optimize", fake_optimize)
+    main(["optimize", "mlp", *argv])  # the stand-in stops it once it has the options (an internal error, 1)
+    assert seen["measure_options"] == expected
