@@ -51,23 +51,21 @@ def starts(loaded: LoadedModel, dep: Deployment, chain: Sequence[str], *, peers_
            verify_trials: int) -> Starts:
     """The starts stage: `chain` (the target's pre-passes, or the user's) on `loaded`'s original; with
     `peers_wanted` (the target's own chain) and the guard on, each peer pass alone too."""
-    from xrl.frontends.onnx_weights import initializer_bytes, split_model, trim_heap
+    from xrl.frontends.onnx_weights import initializer_bytes
     from xrl.frontends.verify import reference_run
     from xrl.search.progress import DEFAULT_TIME_LIMIT_S
 
-    # Memory: the original's model is a second copy of every weight beside the IR. It is taken once, for
-    # its outputs on the verification inputs (every candidate is compared with these) and for the
-    # pre-passes, and dropped before the search; it is read again only if the guard writes it.
-    original = loaded.take_reference()
-    original_nodes = len(original.graph.node)
-    # the original as a head and its weights: each weight whose bytes equal the IR's is the IR's array
-    original_head, original_weights = split_model(original, like=loaded.graph.initializers)
+    # Memory: the original's model would be a second copy of every weight beside the IR: it is taken as a head on
+    # the IR's arrays, for its outputs on the verification inputs (every candidate is compared with these) and
+    # for the pre-passes. Each weight whose bytes equal the IR's is the IR's array (a file is read one weight at a
+    # time: no model holding every weight is built beside the IR)
+    original_head, original_weights = loaded.reference_head()
+    original_nodes = len(original_head.graph.node)
     # the pre-passes share the time limit: a quarter of it, the rest is the search's
     budget = (time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S) * PREPASS_SHARE
-    peers_wanted = peers_wanted and dep.guarded and initializer_bytes(original) <= GUARD_PEER_MAX_BYTES
-    base, merged, start, reports, peers = _starts_of(loaded.graph, original, chain, peers_wanted, input_shapes, budget)
-    del original
-    trim_heap()
+    peers_wanted = peers_wanted and dep.guarded and initializer_bytes(original_head) <= GUARD_PEER_MAX_BYTES
+    base, merged, start, reports, peers = _starts_of(loaded.graph, (original_head, original_weights), chain,
+                                                     peers_wanted, input_shapes, budget)
     # the original's outputs, from its own weights (the IR's arrays only where byte for byte the same), with
     # no second copy of them held while its session runs
     ref = reference_run(original_head, like=loaded.graph, seed=seed, trials=verify_trials, external=original_weights)
@@ -94,7 +92,7 @@ def starts(loaded: LoadedModel, dep: Deployment, chain: Sequence[str], *, peers_
                   reports, peers)
 
 
-def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence[str], peers_wanted: bool,
+def _starts_of(original_graph: Graph, original: onnx.ModelProto | tuple, chain: Sequence[str], peers_wanted: bool,
                input_shapes: Mapping[str, Sequence[int]] | None, budget: float) -> tuple:
     """Where the searches start, and the guard's peer candidates: (base, merged, start, reports, peers).
 
@@ -106,8 +104,11 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
     guard times beside the others, so what is written is never behind a peer the measurement prefers
     (onnxscript's fused attention pays on all threads and not on one)."""
     from xrl.frontends.onnx_io import to_onnx
+    from xrl.frontends.onnx_weights import split_model
 
-    base, source, merged = original_graph, original, []
+    # the original as a head and its weights (`split_model`), or a full model
+    source = original if isinstance(original, tuple) else split_model(original, like=original_graph.initializers)
+    base, merged = original_graph, []
     reports: list[PassReport] = []
     if chain:
         from xrl.deploy.exact_merges import merge_first
@@ -115,7 +116,8 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto, chain: Sequence
         first = merge_first(original_graph)
         if first.steps:
             base, merged = first.graph.validate(), list(first.steps)
-            source = to_onnx(base)
+            weights: dict = {}
+            source = (to_onnx(base, external=weights), weights)
             reports.append(PassReport("exact merges", True, len(original_graph), len(base),
                                       f"{len(merged)} low-rank adapters merged into their layers' weights before "
                                       f"the pre-passes"))
@@ -173,7 +175,7 @@ def measured_slower(graph: Graph, original: Graph, timer: CostModel, rounds: int
     return m.speedup if m is not None and m.verdict == "slower" else None
 
 
-def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
+def _prepassed(base: Graph, model: tuple, names: Sequence[str],
                input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
                ) -> tuple[Graph, list[PassReport]]:
     """The IR graph the search starts from: `model` (whose IR graph is `base`) after the pre-passes
@@ -182,24 +184,25 @@ def _prepassed(base: Graph, model: onnx.ModelProto, names: Sequence[str],
     return out, reports
 
 
-def _prepassed_steps(base: Graph, model: onnx.ModelProto, names: Sequence[str],
+def _prepassed_steps(base: Graph, model: tuple, names: Sequence[str],
                      input_shapes: Mapping[str, Sequence[int]] | None, time_limit: float | None
                      ) -> tuple[Graph, list[PassReport], list[Graph]]:
-    """`_prepassed`, and the IR graph of each accepted pass's result in order (the first is what that pass
-    gives alone where the passes before it changed nothing: `_alone_in_chain`)."""
+    """`_prepassed` (`model`: a head and its weights), and the IR graph of each accepted pass's result in order
+    (the first is what that pass gives alone where the passes before it changed nothing: `_alone_in_chain`)."""
     if not names:
         return base, [], []
     from xrl.frontends.onnx_io import from_onnx
-    from xrl.frontends.prepass import run_prepasses
+    from xrl.frontends.prepass import run_prepasses_on_head
 
     imported: dict[int, Graph] = {}  # each accepted pass's model is imported once, by the check
     steps: list[Graph] = []
 
-    def importable(m) -> None:  # noqa: ANN001 - an onnx.ModelProto
-        imported[id(m)] = from_onnx(m, input_shapes, name=base.name).validate()
+    def importable(m, weights) -> None:  # noqa: ANN001 - a head and its weights
+        imported[id(m)] = from_onnx(m, input_shapes, name=base.name, external=weights).validate()
         steps.append(imported[id(m)])
 
-    out, reports = run_prepasses(model, names, check=importable, time_limit=time_limit)
+    head, weights = model
+    out, _, reports = run_prepasses_on_head(head, weights, names, check=importable, time_limit=time_limit)
     if not any(r.applied for r in reports):
         return base, reports, []
     # a checked model is not applied only where it failed the check: its import raised, so `steps` lacks it
