@@ -10,6 +10,7 @@ import sys
 from xrl.cli.commands import SearchNamesHelp, add_value_args, value_options
 from xrl.cli.output import format_table, print_json
 
+BENCH_POLICY = "research"  # --search rl without --policy: the shipped policy trained for this benchmark
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="the research benchmark: a search or policy on a split at a fixed budget, "
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--search", help=SearchNamesHelp("the method: {names} (default greedy; rl with --policy)",
                                                     skip=("none",)))
     p.add_argument("--policy", metavar="PATH", help="policy checkpoint (or exported .onnx, or a shipped name) for "
-                                                    "--search rl (implies it)")
+                                                    f"--search rl (implies it; default {BENCH_POLICY})")
     p.add_argument("--budget", type=float, default=10.0, metavar="S", help="seconds per graph and seed (default 10)")
     p.add_argument("--calls", type=int, metavar="N", help="also stop each run after N cost-model calls (the search "
                                                           "option max_cost_calls; the seconds still bound it)")
@@ -69,7 +70,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite.load_references()  # a missing reference file is one line too
     if args.calls is not None and args.calls < 1:
         raise ConfigError(f"--calls must be at least 1, not {args.calls}")
-    options: dict = {"policy": args.policy} if args.policy else {}
+    # the benchmark's own default policy: research.pt, trained in its setting (elementary rules, paper cost) and
+    # the best on its held-out split (docs/results.md, "Does learning help on the research benchmark?")
+    policy = args.policy or (BENCH_POLICY if method == "rl" else None)
+    options: dict = {"policy": policy} if policy else {}
     if args.calls is not None:
         options["max_cost_calls"] = args.calls
     if value_options(args):
@@ -98,7 +102,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    board = suite.leaderboard(rows, method=method, split=split, time_limit=args.budget, policy=args.policy,
+    board = suite.leaderboard(rows, method=method, split=split, time_limit=args.budget, policy=policy,
                               max_calls=args.calls)
     if args.json:
         from dataclasses import asdict
