@@ -185,6 +185,30 @@ def test_a_damaged_cache_file_is_parsed_afresh(tmp_path: Path, monkeypatch: pyte
     assert not path.exists()  # turned off: nothing written
 
 
+def test_a_planted_cache_file_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unpickling runs code: a pickle written into the cache folder by anyone without the install's secret (here one
+    that would run `boom` when loaded, with the plain content key a reader can compute) is parsed afresh instead."""
+    import pickle
+
+    monkeypatch.setenv("XRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("XRL_NO_RULE_CACHE", raising=False)
+    d = _rules_dir(tmp_path, RULE)
+    files = rules.rule_files([d])
+    rules._parsed_cached(files)
+    (path,) = (tmp_path / "cache" / rules.PARSED_DIR).glob("*.pickle")
+    ran = []
+
+    class Boom:
+        def __reduce__(self):
+            return (ran.append, ("unpickled",))
+
+    key = rules.parsed_cache_key(files)
+    for head in (key.encode(), path.read_bytes()[:64]):  # the content key, and a copied signature of other bytes
+        path.write_bytes(head + pickle.dumps([Boom()]))
+        assert [r.name for r in rules._parsed_cached(files)] == ["twice_relu"]
+        assert not ran
+
+
 # ----- the guard decides "nothing measurably faster" in few rounds -----------------------------------------------
 class SlowTimer(CostModel):
     """Graphs (by name) take `seconds[name]` with seeded noise; each call also advances a fake clock by

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from xrl.cache import CACHE_ENV, cache_dir  # noqa: F401 - cache_dir is part of this module's API
+from xrl.cache import CACHE_ENV, SECRET_FILE, cache_dir, cache_secret  # noqa: F401 - cache_dir, SECRET_FILE: this module's API
 from xrl.cost.base import CostModel, Measurement
 from xrl.cost.timing import check_counts
 from xrl.cost.torch_exec import TorchExecutor, resolve_device, torch_dtype, torch_threads
@@ -65,11 +65,6 @@ MAX_SANE_CV = 10.0
 LOCK_NOTICE_S = 2.0
 LOCK_WAIT_S = 60.0
 
-# The per-install secret that keys every row's checksum, beside the cache files (mode 0600)
-SECRET_FILE = "cache.key"
-_SECRET_BYTES = 32
-
-
 def _checksum(secret: bytes, key: str, device: str, median_s: float, cv: float, repeats: int, min_s: float,
               max_s: float) -> str:
     """What a row's numbers must hash to, keyed by the install's secret (HMAC-SHA256): a flipped bit, a
@@ -81,44 +76,6 @@ def _checksum(secret: bytes, key: str, device: str, median_s: float, cv: float, 
 def _alias_checksum(secret: bytes, key: str, device: str, target: str) -> str:
     """An alias row's keyed checksum: repointing a kernel at another kernel's timing is caught on read."""
     return hmac.new(secret, f"alias|{key}|{device}|{target}".encode(), hashlib.sha256).hexdigest()[:32]
-
-
-def cache_secret(directory: Path) -> bytes:
-    """The install's secret in `directory/cache.key`: 32 random bytes, readable by the user alone (0600).
-    Made atomically where missing or damaged: written in full under a temporary name (created 0600), then
-    linked into place, so a concurrent process either finds the whole file or makes its own and takes the
-    one that got there first. A damaged key is replaced: every row is then refused and measured again."""
-    import secrets
-
-    path = directory / SECRET_FILE
-    for _ in range(5):
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read(_SECRET_BYTES + 1)
-            if st.st_mode & 0o077 and st.st_uid == os.getuid():
-                os.chmod(path, 0o600)  # private to the user: another user who reads it could forge rows
-            if len(data) == _SECRET_BYTES:
-                return data
-        except FileNotFoundError:
-            data = None
-        tmp = directory / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, secrets.token_bytes(_SECRET_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            if data is None:
-                os.link(tmp, path)  # fails if another process made it meanwhile: theirs is read next time round
-            else:
-                os.replace(tmp, path)  # damaged (a short file): replaced whole
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    raise OSError(f"cannot make the cache's key {path}")
 
 
 def sane(m: Measurement) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copyreg
 import functools
 import hashlib
+import hmac
 import inspect
 import io
 import marshal
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xrl.atomic import write_atomic
-from xrl.cache import cache_dir
+from xrl.cache import cache_dir, cache_secret
 from xrl.errors import ConfigError
 from xrl.rewrite.expr import Compiled
 from xrl.rewrite.lang import KINDS, Rule, RuleInfo, RuleSyntaxError, parse_file
@@ -267,6 +268,10 @@ def _compiled_from(source: str, names: tuple[str, ...], where: str, code: bytes)
     return c
 
 
+def _parsed_mac(secret: bytes, key: str, body: bytes) -> bytes:
+    return hmac.new(secret, key.encode() + b"\0" + body, hashlib.sha256).hexdigest().encode()  # 64 bytes
+
+
 def _parsed_cached(files: list[Path]) -> list[Rule]:
     """`parse_rule_files(files)`, read from the cache where the same files and parser were parsed before. A cache
     file that is missing, unreadable or of another key is parsed afresh (and written, best effort)."""
@@ -278,12 +283,20 @@ def _parsed_cached(files: list[Path]) -> list[Rule]:
         return parse_rule_files(files)  # a file that cannot be read: parsing says which, as it always did
     path = cache_dir() / PARSED_DIR / f"{key}.pickle"
     try:
+        # unpickling runs code: only a file this install wrote is read (an HMAC-SHA256 of the key and the
+        # pickle under the install's secret, as the timing rows are), never one planted in the cache folder
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        secret = cache_secret(cache_dir())
+    except OSError:
+        return parse_rule_files(files)
+    try:
         data = path.read_bytes()
-        if data[:64] == key.encode():
-            rules = pickle.loads(data[64:])  # noqa: S301 - our own file in the user's cache folder
+        mac, body = data[:64], data[64:]
+        if hmac.compare_digest(mac, _parsed_mac(secret, key, body)):
+            rules = pickle.loads(body)  # noqa: S301 - signed by this install's secret
             if isinstance(rules, list) and all(isinstance(r, Rule) for r in rules):
                 return rules
-    except Exception:  # noqa: BLE001 - missing, truncated or from another version: parse afresh
+    except Exception:  # noqa: BLE001 - missing, truncated, forged or from another version: parse afresh
         pass
     rules = parse_rule_files(files)
     try:
@@ -291,7 +304,8 @@ def _parsed_cached(files: list[Path]) -> list[Rule]:
         pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
         pickler.dispatch_table = {**copyreg.dispatch_table, Compiled: _compiled_state}
         pickler.dump(rules)
-        write_atomic(path, key.encode() + buf.getvalue(), mkdir=True)
+        body = buf.getvalue()
+        write_atomic(path, _parsed_mac(secret, key, body) + body, mkdir=True)
         old = sorted(path.parent.glob("*.pickle"), key=lambda f: f.stat().st_mtime)[:-_PARSED_KEEP]
         for f in old:
             f.unlink(missing_ok=True)
