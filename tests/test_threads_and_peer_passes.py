@@ -123,6 +123,11 @@ def test_where_the_pre_passes_measure_slower_the_search_runs_without_them_too(me
                                  res.time_s)
 
     monkeypatch.setattr(guard, "measure_guard", prefer_it)
+    # the search without the pre-passes can leave this graph's ops as they were; whether its measured-kernel
+    # estimate then falls within the screen's 0.5% is timing noise: time every candidate here
+    import xrl.deploy.guard as deploy_guard
+
+    monkeypatch.setattr(deploy_guard, "screened", lambda original, candidates, estimated: {})
     out = tmp_path / "o.onnx"
     res = api.optimize(str(src), output=out, time_limit=TIME_LIMIT)
     assert api.SEARCH_WITHOUT_PREPASSES in res.guard.measured and res.verified
