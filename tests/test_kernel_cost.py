@@ -209,7 +209,10 @@ def test_reorder_conversions_are_taken_off_a_lone_convolution(cache_path: Path) 
     prepared = m._prepare(kernel_model(conv, plan).graph)
     assert prepared is not None and len(prepared.reorders) == 2  # one in, one out
     assert all(len(shape) == 4 for shape in prepared.reorders)
-    assert all(m._reorder_s(shape) > 0 for shape in prepared.reorders)
+    # each conversion pair is timed alone; its cost is net of the run's fixed overhead, which for tiny_cnn's small
+    # tensors can round it to 0 on a loaded machine (a fresh clone's suite once saw that)
+    assert all(m._reorder_s(shape) >= 0 for shape in prepared.reorders)
+    assert m._timing and all(t.median_s > 0 for t in m._timing.values())
     # a kernel onnxruntime does not convert (a MatMul) has none
     mm = next(k for k in runtime_plan(mlp())[1] if k.nodes)
     assert m._prepare(kernel_model(mm, runtime_plan(mlp())[0]).graph).reorders == []
