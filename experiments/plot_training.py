@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 COLUMNS = ("update", "env_steps", "speedup_mean", "eval_speedup_mean", "eval_val_speedup_mean",
-           "eval_heldout_speedup_mean", "value_loss", "entropy", "time_s")
+           "eval_heldout_speedup_mean", "value_loss", "entropy", "rehearse_nll", "time_s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     a.set_ylabel("geomean speed-up (paper cost)")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
-    pts = [(r["update"], r["value_loss"]) for r in rows if "value_loss" in r]
-    if pts:
-        b.plot(*zip(*pts))
+    for key, label in (("value_loss", "value loss"), ("rehearse_nll", "rehearsal NLL (imitation)")):
+        pts = [(r["update"], r[key]) for r in rows if key in r]
+        if pts:
+            b.plot(*zip(*pts), label=label)
+    b.legend(fontsize=8)
     b.set_xlabel("PPO update")
-    b.set_ylabel("value loss")
+    b.set_ylabel("loss")
     b.set_yscale("log")
     b.grid(alpha=0.3)
     fig.tight_layout()
