@@ -195,3 +195,18 @@ def test_onnxscript_on_a_head_maps_the_weights_and_gives_what_it_gives_in_memory
     assert reports[0].applied, reports
     assert prepass.histogram(out) == prepass.histogram(in_memory)
     assert compare_models(model, materialize(out, arrays), trials=1).ok
+
+
+def test_a_head_over_the_protobuf_limit_still_gets_its_pre_passes(monkeypatch) -> None:
+    """A full model past protobuf's 2 GiB cannot be serialised for a library and is skipped; a head's weights go
+    to the child's file, so a model that large as a head is not (a 1e9-parameter decoder had every pass skipped)."""
+    from xrl.frontends.onnx_weights import split_model
+
+    monkeypatch.setattr(prepass, "_over_protobuf_limit", lambda m: True)  # as if the weights were 4 GB
+    model = _big_mlp()
+    _, full_reports = prepass.run_prepasses(model, ["onnxslim"], time_limit=60.0)
+    assert full_reports[0].detail.startswith("skipped") and not full_reports[0].applied
+    head, weights = split_model(model)
+    _, _, reports = prepass.run_prepasses_on_head(head, weights, ["onnxslim"], time_limit=60.0)
+    assert not reports[0].detail.startswith("skipped"), reports[0]
+    assert reports[0].seconds > 0  # each pass's wall time is reported

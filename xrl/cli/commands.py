@@ -401,9 +401,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
               f"kernels the written file lowers back to plain ops")
     for r in res.prepasses:
         if r.applied:
-            print(f"pre-pass {r.name}: {r.nodes_before} -> {r.nodes_after} ops{'; ' + r.detail if r.detail else ''}")
+            print(f"pre-pass {r.name}: {r.nodes_before} -> {r.nodes_after} ops{'; ' + r.detail if r.detail else ''}"
+                  f"{f' ({r.seconds:.1f} s)' if r.seconds else ''}")
         elif r.detail and (r.detail.startswith("dropped") or r.timed_out):  # stopped by its limit
-            print(f"pre-pass {r.name} {r.detail}")
+            print(f"pre-pass {r.name} {r.detail}{f' ({r.seconds:.1f} s)' if r.seconds else ''}")
     print(f"verified against the original with onnxruntime: max abs error {res.max_abs_err:.3g}")
     if res.guard is not None and not res.guard.measured:
         print(f"guard: nothing to time: {res.guard.reason}")

@@ -35,7 +35,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import onnx
@@ -57,6 +57,7 @@ class PassReport:
     # stopped (or never started) because the pre-passes' time limit ran out: on a quieter or faster machine
     # the pass could finish, and the result differ
     timed_out: bool = False
+    seconds: float = 0.0  # its wall time, the child's start and its result's import and check included
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -669,8 +670,6 @@ def _chain(model: onnx.ModelProto, external: dict[str, np.ndarray] | None, names
     """The loop of `run_prepasses` (`external` None: full models) and `run_prepasses_on_head` (heads)."""
     import time
 
-    from xrl.frontends.onnx_io import brief_error
-
     t0 = time.perf_counter()
     if time_limit is not None:
         time_limit = scaled_time_limit(model, time_limit)
@@ -682,32 +681,44 @@ def _chain(model: onnx.ModelProto, external: dict[str, np.ndarray] | None, names
 
             raise ConfigError(f"unknown pre-pass {name!r}; choose from: {', '.join(PREPASSES)}")
         before = len(model.graph.node)
-        if _over_protobuf_limit(model) or os.environ.get("XRL_NO_PREPASS"):
+        # a head's weights go to the child's file, not into a protobuf: only a full model can be over the limit
+        # (a 1e9-parameter decoder's head is 4 MB; every pass was skipped on it before)
+        if (external is None and _over_protobuf_limit(model)) or os.environ.get("XRL_NO_PREPASS"):
             reports.append(PassReport(name, False, before, before, "skipped (model over 2 GB, or XRL_NO_PREPASS)"))
             continue
-        left = None if time_limit is None else time_limit - (time.perf_counter() - t0)
-        if left is not None and left <= 0:
-            reports.append(PassReport(name, False, before, before, "skipped: the pre-pass time limit was spent"
-                                      f" ({time_limit:.0f} s); {QUIETER}", timed_out=True))
-            continue
-        try:
-            if external is None:
-                (out, detail), out_external = _run_bounded(name, model, left), None
-            else:
-                out, out_external, detail = _run_bounded_head(name, model, external, left)
-            if out is model or histogram(out) == histogram(model) and len(out.graph.initializer) == len(
-                    model.graph.initializer):
-                reports.append(PassReport(name, False, before, before, detail or "no change"))
-                continue
-            if check is not None:
-                check(out, out_external)
-        except PassTimeout as e:
-            reports.append(PassReport(name, False, before, before, f"dropped: {e} (its time limit); {QUIETER}",
-                                      timed_out=True))
-            continue
-        except Exception as e:  # a peer library failing on a model must not stop xrl: skip it, say why
-            reports.append(PassReport(name, False, before, before, f"dropped: {brief_error(e)}"))
-            continue
-        reports.append(PassReport(name, True, before, len(out.graph.node), detail))
-        model, external = out, out_external
+        started = time.perf_counter()
+        report, out, out_external = _one_pass(name, model, external, check, time_limit, started - t0)
+        reports.append(replace(report, seconds=time.perf_counter() - started))
+        if report.applied:
+            model, external = out, out_external
     return model, external, reports
+
+
+def _one_pass(name: str, model: onnx.ModelProto, external: dict[str, np.ndarray] | None,
+              check: Callable[[onnx.ModelProto, dict[str, np.ndarray] | None], None] | None,
+              time_limit: float | None, spent: float) -> tuple[PassReport, onnx.ModelProto | None, dict | None]:
+    """One pass of `_chain` (`spent`: the chain's seconds so far of its `time_limit`): its report, and its
+    result's model and weights where it applied."""
+    from xrl.frontends.onnx_io import brief_error
+
+    before = len(model.graph.node)
+    left = None if time_limit is None else time_limit - spent
+    if left is not None and left <= 0:
+        return PassReport(name, False, before, before, f"skipped: the pre-pass time limit was spent ({time_limit:.0f} "
+                          f"s); {QUIETER}", timed_out=True), None, None
+    try:
+        if external is None:
+            (out, detail), out_external = _run_bounded(name, model, left), None
+        else:
+            out, out_external, detail = _run_bounded_head(name, model, external, left)
+        if out is model or histogram(out) == histogram(model) and len(out.graph.initializer) == len(
+                model.graph.initializer):
+            return PassReport(name, False, before, before, detail or "no change"), None, None
+        if check is not None:
+            check(out, out_external)
+    except PassTimeout as e:
+        return PassReport(name, False, before, before, f"dropped: {e} (its time limit); {QUIETER}",
+                          timed_out=True), None, None
+    except Exception as e:  # a peer library failing on a model must not stop xrl: skip it, say why
+        return PassReport(name, False, before, before, f"dropped: {brief_error(e)}"), None, None
+    return PassReport(name, True, before, len(out.graph.node), detail), out, out_external
