@@ -11,9 +11,9 @@ copy against the original (onnxruntime, one thread, alternating rounds: `xrl.cos
 
 The model is `xrl.graphs.families.llama_xl` (sizes tiny, small, half, 1b); its exports, its limit's and the peers'
 files (onnxslim, onnxscript's optimize_for_ort) are cached under --cache (outside the repository) by size and
-exporter. Each variant is timed against the original in a process of its own (alternating rounds with an A/A
-control, `xrl.cost.speedup.measure_speedup`), so the table's rows are each interleaved with the original, not
-with one another.
+exporter. The variants are timed in one process of their own, interleaved with the original and an A/A copy of
+it in each round (order rotated), one session alive at a time, with the guard's timing (one warm-up run, the
+median of three, thread CPU time), so every row's ratio comes from the same rounds.
 
 Dimensions (TinyLlama-1.1B's body without its embedding and head): hidden 2048, 32 heads, 4 key/value heads,
 SwiGLU 5632, 22 layers, sequence 128: 0.97e9 parameters (3.9 GB float32) plus LoRA r 8 on q/k/v/o/gate/up/down.
@@ -62,13 +62,45 @@ else:
 """
 
 SPEED_CODE = """
-import json, sys
-from xrl.api import measure_model
-from xrl.cost.speedup import measure_speedup
-from xrl.frontends.onnx_io import load_onnx
-before, after, rounds = load_onnx(sys.argv[1]), load_onnx(sys.argv[2]), int(sys.argv[3])
-m = measure_speedup(measure_model("ort", threads=1), before, after, rounds=rounds, control=True)
-print(json.dumps({"speedup": m.speedup, "interval": m.interval, "control": m.control}))
+import json, math, sys, time
+import numpy as np, onnxruntime as ort
+from xrl.cost.speedup import MeasuredSpeedup
+from xrl.cost.timing import summarize
+rounds, files = int(sys.argv[1]), json.loads(sys.argv[2])  # {"original": path, name: path, ...}
+names = ["original", "A/A", *(k for k in files if k != "original")]
+paths = {"A/A": files["original"], **files}
+rng = np.random.default_rng(0)
+
+def feeds(sess):
+    out = {}
+    for i in sess.get_inputs():
+        shape = [int(d) for d in i.shape]
+        out[i.name] = rng.standard_normal(shape).astype(np.float32) if "float" in i.type else np.zeros(shape, np.int64)
+    return out
+
+inputs, timed = None, {k: [] for k in names}
+for r in range(rounds):
+    k = r % len(names)
+    for name in names[k:] + names[:k]:  # rotated: no variant always first or last in a round
+        so = ort.SessionOptions(); so.intra_op_num_threads = 1; so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(paths[name], so, providers=["CPUExecutionProvider"])
+        inputs = inputs or feeds(sess)
+        sess.run(None, inputs)  # the guard's timing: one warm-up run, the median of three (thread CPU time)
+        runs = []
+        for _ in range(3):
+            t = time.thread_time(); sess.run(None, inputs); runs.append(time.thread_time() - t)
+        timed[name].append(summarize(runs))
+        del sess
+    print(json.dumps({"round": r + 1}), file=sys.stderr, flush=True)
+ratio = lambda n: tuple(a.median_s / b.median_s for a, b in zip(timed["original"], timed[n]))
+out = {}
+for n in names[1:]:
+    m = MeasuredSpeedup("ort(cpu, 1+3 runs, threads=1)", timed["original"][0], timed[n][0], ratio(n),
+                        control_speedups=() if n == "A/A" else ratio("A/A"))
+    out[n] = {"speedup": m.speedup, "interval": list(m.interval), "verdict": m.verdict,
+              "control": list(m.control) if m.control else None}
+print(json.dumps(out))
 """
 
 
@@ -102,10 +134,12 @@ def report_json(text: str) -> dict:
         return {}
 
 
-def speedup(original: Path, other: Path, rounds: int, timeout: float) -> dict:
-    """`other` against `original`, end to end (onnxruntime, one thread, alternating rounds, an A/A control), in
-    a process of its own (two graphs of 4 GB and their sessions)."""
-    out = subprocess.run([sys.executable, "-c", SPEED_CODE, str(original), str(other), str(rounds)],
+def speedups(files: dict[str, Path], rounds: int, timeout: float) -> dict:
+    """Every variant against the original (`files["original"]`), interleaved in one process: in each round a
+    fresh onnxruntime session of each file in turn (one alive at a time: each holds 4 GB), one thread, an A/A
+    control of the original; the guard's timing per session (one warm-up run, the median of three)."""
+    out = subprocess.run([sys.executable, "-c", SPEED_CODE, str(rounds), json.dumps({k: str(v) for k, v in
+                                                                                   files.items()})],
                          capture_output=True, text=True, timeout=timeout, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -152,14 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                "phases": [vars(p) for p in phases], "speedups": {}}
         if code == 0:
             variants["xrl"] = written
-        for name, path in variants.items():
-            if isinstance(path, Path):
-                try:
-                    row["speedups"][name] = speedup(original, path, args.rounds, args.timeout)
-                except (subprocess.SubprocessError, ValueError) as exc:
-                    row["speedups"][name] = {"error": str(exc)[:200]}
-            else:
-                row["speedups"][name] = {"error": path}
+        files = {"original": original, **{k: v for k, v in variants.items() if isinstance(v, Path) and k != "A/A"}}
+        try:
+            row["speedups"] = speedups(files, args.rounds, args.timeout * 3)
+        except (subprocess.SubprocessError, ValueError) as exc:
+            row["speedups"] = {k: {"error": str(exc)[:200]} for k in ("A/A", *files)}
+        row["speedups"].update({k: {"error": v} for k, v in variants.items() if not isinstance(v, Path)})
         gain = row["speedups"]["limit"].get("speedup", 1.0) - 1
         if "speedup" in row["speedups"].get("xrl", {}) and gain > 0:
             row["share_of_limit_gain"] = (row["speedups"]["xrl"]["speedup"] - 1) / gain

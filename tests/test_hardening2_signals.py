@@ -39,7 +39,10 @@ PREPASS_FOREVER = textwrap.dedent("""
 def _start_with_child(tmp_path):
     script = tmp_path / "prepass_forever.py"
     script.write_text(PREPASS_FOREVER)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    private = tmp_path / "tmp"  # a SIGKILLed parent cannot remove its pass's scratch folder: not in the real /tmp
+    private.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(private)})
     assert proc.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
