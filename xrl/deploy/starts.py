@@ -161,8 +161,10 @@ def _alone_in_chain(chain_reports: Sequence[PassReport], steps: Sequence[Graph],
 
 # The check of the pre-passes' result before the search is coarse, so it is cheap: it looks for a slowdown
 # well beyond the noise (lora_vit's 0.90x), where the guard resolves 1.5%. With the guard's own timing it took
-# 39 s of a 171 s run on bert (150 ms a run).
-PRE_CHECK_TIMING = {"repeats": 3, "warmup": 1}
+# 39 s of a 171 s run on bert (150 ms a run); one timed run a session (runs within one vary by 1-2%, sessions
+# by up to 5%: the rounds carry it): on a 1e9-parameter decoder each run takes seconds, and its starts stage
+# took 341 s at 1+3 runs, 34 s of it the passes
+PRE_CHECK_TIMING = {"repeats": 1, "warmup": 1}
 PRE_CHECK_ROUNDS = 3  # the guard's fewest (`MIN_ROUNDS`): the slowdown it looks for is far beyond the noise
 
 
