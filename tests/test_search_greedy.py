@@ -32,10 +32,17 @@ def check_greedy(name: str, engine: RewriteEngine, model) -> None:
     assert res.method == "greedy" and res.steps and res.explored >= len(res.steps)
     assert res.cost < res.original_cost == pytest.approx(model.cost(graph))
     assert res.cost == pytest.approx(model.cost(res.graph), rel=1e-9)
-    # Converged: no candidate of the result is cheaper.
+    # Converged, and says so: no candidate of the result is cheaper.
+    assert res.details["stopped"] == "converged"
     assert all(c.delta_cost(model, res.cost) >= res.cost * (1 - 1e-9) for c in engine.candidates(res.graph))
     verdict = compare_models(onnx_model, to_onnx(res.graph.validate()), trials=1)
     assert verdict.ok, verdict.detail
+
+
+def test_greedy_says_why_it_stopped(engine: RewriteEngine, model) -> None:
+    graph = from_onnx(xrl.graphs.build("tiny_cnn"))
+    assert greedy_search(graph, model, engine, max_steps=1).details["stopped"] == "the step limit"
+    assert greedy_search(graph, model, engine, time_limit=0.0).details["stopped"] == "the time limit"
 
 
 @pytest.mark.parametrize("name", ["mlp", "tiny_cnn"])

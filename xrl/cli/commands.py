@@ -332,6 +332,12 @@ def value_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in (("value_weight", args.value_weight), ("value_stop", args.value_stop)) if v is not None}
 
 
+def _stopped(details: dict) -> str:
+    """Why the search ended, where it says (greedy): converged, or stopped by a limit."""
+    why = details.get("stopped")
+    return "" if not why else " (converged)" if why == "converged" else f" (the search stopped at {why})"
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from xrl.api import check_output_path, check_search_options, optimize
 
@@ -394,8 +400,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     kind = "estimated" if res.estimate else "measured"
     print(f"{res.input}: {human_seconds(res.original_cost)} -> {human_seconds(res.optimized_cost)} "
           f"({res.speedup:.3f}x {kind}) for target {res.target} ({res.cost_model}); {res.rewrites} rewrites "
-          f"by {res.search} in {res.time_s:.2f} s; {res.original_nodes} -> {res.optimized_nodes} ops in the "
-          f"written file")
+          f"by {res.search} in {res.time_s:.2f} s{_stopped(res.details)}; {res.original_nodes} -> "
+          f"{res.optimized_nodes} ops in the written file")
     if res.searched_speedup is not None and abs(res.searched_speedup - res.speedup) > 5e-4:
         print(f"the searched graph: {res.searched_speedup:.3f}x estimated in the research setting, with fused "
               f"kernels the written file lowers back to plain ops")

@@ -75,8 +75,10 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     nodes0 = len(graph)
     steps: list[str] = []
     explored = confirmations = 0
+    stopped = "the step limit"  # why the search ended: said in its details (a converged greedy has finished)
     while max_steps is None or len(steps) < max_steps:
         if time_limit is not None and time.perf_counter() - t0 >= time_limit:
+            stopped = "the time limit"
             break
         improving = []
         cands = list(enumerate(engine.candidates(graph, original_nodes=nodes0)))
@@ -89,6 +91,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
         parent_plan = cost_model.plan_costs(graph) if local else None
         for i, cand in cands:
             if time_limit is not None and explored % 16 == 0 and time.perf_counter() - t0 >= time_limit:
+                stopped = "the time limit"
                 break  # out of time mid-step: take the best improvement costed so far
             explored += 1
             c = None
@@ -110,6 +113,8 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
                     break
             improving = confirmed
         if not improving:
+            if stopped != "the time limit":
+                stopped = "converged"  # no rewrite improves
             break
         best_cost, _, best = improving[0]
         graph, cost = best.graph, best_cost
@@ -117,5 +122,7 @@ def greedy_search(graph: Graph, cost_model: CostModel, engine: RewriteEngine | N
     final = cost_model.cost(graph) if steps else original_cost  # exact, free of accumulated rounding
     return SearchResult(graph=graph, cost=final, original_cost=original_cost, steps=steps, explored=explored,
                         time_s=time.perf_counter() - t0, method="greedy",
-                        details={"confirmations": confirmations, "screen": screen.describe() if screening else None,
-                                 "screen_top": screen_top if screening else None} if cost_model.measured else {})
+                        details={"stopped": stopped, **({"confirmations": confirmations,
+                                                         "screen": screen.describe() if screening else None,
+                                                         "screen_top": screen_top if screening else None}
+                                                        if cost_model.measured else {})})
