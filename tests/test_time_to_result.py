@@ -315,3 +315,23 @@ def test_the_guard_keeps_its_own_repeats_unless_asked(argv, expected, monkeypatc
     monkeypatch.setattr(xrl.api, "optimize", fake_optimize)
     main(["optimize", "mlp", *argv])  # the stand-in stops it once it has the options (an internal error, 1)
     assert seen["measure_options"] == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_quiet_machine_decides_nothing_faster_within_the_budget_and_still_writes_a_real_gain(seed: int,
+                                                                                             monkeypatch) -> None:
+    """bert-base on a quiet machine: seven graphs a round at 1.2 s each, 1% noise. Candidates within 1% of the
+    original are not timed to a 120 s budget (14 rounds) any more: the guard ends within its 40 s; a 4% gain
+    among them is still measured faster and written."""
+    from xrl.cost import guard
+
+    times = {"original": 1.0, "a": 0.995, "b": 0.99, "c": 1.0, "d": 0.995, "e": 1.0}
+    timer = SlowTimer(times, noise=0.01, call_s=1.2, seed=seed)
+    monkeypatch.setattr(guard.time, "perf_counter", lambda: timer.now)
+    cands = [GuardCandidate(k, chain(k, i)) for i, k in enumerate("abcde", 4)]
+    res = measure_guard(timer, chain("original", 3), cands, rounds=6, max_rounds=20)
+    assert res.chosen == ORIGINAL and timer.now <= 40 + 7 * 1.2, (res.rounds, timer.now, res.settled)
+    timer = SlowTimer({**times, "e": 1 / 1.04}, noise=0.01, call_s=1.2, seed=seed)
+    monkeypatch.setattr(guard.time, "perf_counter", lambda: timer.now)
+    res = measure_guard(timer, chain("original", 3), cands, rounds=6, max_rounds=20)
+    assert res.chosen == "e", (res.reason, res.dropped)

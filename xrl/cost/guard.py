@@ -48,6 +48,11 @@ ORIGINAL = "original"
 # the fewest rounds anything is decided on: two degrees of freedom (a t of 4.3) keeps early decisions rare
 # on a noisy machine, where the A/A control's interval is then wide
 MIN_ROUNDS = 3
+# seconds the guard may time for, counted from MIN_ROUNDS on. On a quiet machine a bert-base round of seven graphs
+# takes ~8 s: at 120 s the common case (candidates within 1-2% of the original, none measurably faster) was timed
+# for 14 rounds, 124 s of a 167 s run, to write the original; at 40 s a candidate that cannot clear the noise in
+# the rounds the budget leaves is dropped from the third round (`hopeless`), and a 3% gain is still shown
+BUDGET_S = 40.0
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,7 @@ def hopeless(m: MeasuredSpeedup, control: Sequence[float], most_rounds: int) -> 
 
 
 def measure_guard(timer: CostModel, original: Graph, candidates: Sequence[GuardCandidate], *, rounds: int = 6,
-                  max_rounds: int = 20, budget_s: float = 120.0, min_rounds: int = MIN_ROUNDS) -> GuardResult:
+                  max_rounds: int = 20, budget_s: float = BUDGET_S, min_rounds: int = MIN_ROUNDS) -> GuardResult:
     """Time `original`, its A/A control and every candidate in alternating rounds with `timer` (an
     end-to-end model whose `remeasure` opens a fresh session), and choose what to write."""
     if rounds < 1:
