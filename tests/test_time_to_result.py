@@ -335,3 +335,18 @@ def test_a_quiet_machine_decides_nothing_faster_within_the_budget_and_still_writ
     monkeypatch.setattr(guard.time, "perf_counter", lambda: timer.now)
     res = measure_guard(timer, chain("original", 3), cands, rounds=6, max_rounds=20)
     assert res.chosen == "e", (res.reason, res.dropped)
+
+
+def test_a_transformer_pass_is_not_run_alone_for_the_guard_on_a_model_without_transformer_ops(
+        counted: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxscript's fusions are onnxruntime's transformer fusions: on a full-size DBB export (no attention or
+    normalisation) its peer run took 413 s of a 600 s run and fused nothing. Its row says where it cannot apply."""
+    model = _model()  # Identity and Relus: no transformer op
+    base = from_onnx(model).validate()
+    monkeypatch.setitem(prepass.PASSES, "norelurelu", prepass.Prepass(
+        prepass.PASSES["norelurelu"].run, guard_peer=True, peer_skip=prepass.transformer_ops_missing))
+    monkeypatch.setattr(starts, "GUARD_PEER_PASSES", ("noidentity", "norelurelu"))
+    _, _, _, reports, peers = starts._starts_of(base, model, ("noidentity",), True, None, None)
+    assert counted == ["noidentity"] and not peers  # the chain's pass ran; the transformer-only one did not
+    assert any(r.name == "norelurelu" and "no attention or normalisation" in r.detail for r in reports)
+    assert prepass.PASSES["onnxscript"].peer_skip is prepass.transformer_ops_missing

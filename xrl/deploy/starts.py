@@ -16,7 +16,7 @@ import onnx
 from xrl.cost.base import CostModel
 from xrl.deploy.deployment import Deployment
 from xrl.frontends.loader import LoadedModel
-from xrl.frontends.prepass import PassReport, guard_peer_passes
+from xrl.frontends.prepass import PASSES, PassReport, guard_peer_passes
 from xrl.ir import Graph
 
 # The pre-passes' result is dropped when its estimate is this much above the original's
@@ -128,6 +128,10 @@ def _starts_of(original_graph: Graph, original: onnx.ModelProto | tuple, chain: 
     changed = {r.name for r in chain_reports if r.applied}
     known = _alone_in_chain(chain_reports, steps, base)
     for name in (p for p in GUARD_PEER_PASSES if not (changed <= {p} and p in chain)) if peers_wanted else ():
+        skip = PASSES[name].peer_skip(source[0]) if name in PASSES and PASSES[name].peer_skip else ""
+        if skip:  # a pass that cannot change this model: no child, no candidate
+            reports.append(PassReport(name, False, len(base), len(base), skip))
+            continue
         if name in known:  # the chain ran it on `base` itself: its result alone is known, not run again
             peer, peer_reports = known[name]
         else:
