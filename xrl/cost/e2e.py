@@ -46,13 +46,15 @@ class E2ECostModel(WholeGraphCostModel):
 
     def __init__(self, *, device: str | None = None, engine: str = "auto", warmup: int = 3, repeats: int = 10,
                  threads: int | None = 1, seed: int = 0, dtype: str = "float32", timer: str = "auto",
-                 cuda_graph: bool = True, flush_l2: bool = False, cache: bool = True) -> None:
+                 cuda_graph: bool = True, flush_l2: bool = False, cache: bool = True, min_run_s: float = 0.0) -> None:
         """device: "cpu", "cuda", "auto"/None (cuda when present) or a GPU profile name (meaning cuda).
         engine: "ort", "torch", or "auto": onnxruntime where it can run on the device (always on the CPU;
             on a GPU with onnxruntime-gpu), else torch.
         threads: CPU intra-op threads; None: the engine's default (every core). One by default, as for the
             `op` model: timings that other processes on the machine cannot inflate.
         dtype / timer / cuda_graph / flush_l2: torch engine only (see `xrl.cost.torch_timing.time_run`).
+        min_run_s: one timed sample calls the graph as often as it takes to last about this long (CPU): a
+            0.1 ms graph timed one call a sample is mostly jitter.
         """
         super().__init__()
         if engine not in ENGINES:
@@ -65,6 +67,7 @@ class E2ECostModel(WholeGraphCostModel):
         self.dtype = dtype
         self._torch_dtype = torch_dtype(dtype)
         self.timer, self.cuda_graph, self.flush_l2, self.cache = timer, cuda_graph, flush_l2, cache
+        self.min_run_s = min_run_s
         self._ort: CostModel | None = None
         if self.engine == "ort":
             self._ort_model()  # fail now, not at the first measurement, if onnxruntime lacks the device
@@ -74,7 +77,7 @@ class E2ECostModel(WholeGraphCostModel):
             from xrl.cost.ort import OrtCostModel
 
             self._ort = OrtCostModel(device=self.device, warmup=self.warmup, repeats=self.repeats,
-                                     threads=self.threads, seed=self.seed, cache=False)
+                                     threads=self.threads, seed=self.seed, cache=False, min_run_s=self.min_run_s)
         return self._ort
 
     # ----- the CostModel interface --------------------------------------------------------------
@@ -100,7 +103,8 @@ class E2ECostModel(WholeGraphCostModel):
             return self._ort_model().measure(graph)
         with torch_threads(self.threads if self.device == "cpu" else None):
             run = executor.bind(seed=self.seed, cuda_graph=self.cuda_graph)
-            return time_run(run, warmup=self.warmup, repeats=self.repeats, timer=self.timer, flush_l2=self.flush_l2)
+            return time_run(run, warmup=self.warmup, repeats=self.repeats, timer=self.timer, flush_l2=self.flush_l2,
+                            min_run_s=self.min_run_s)
 
 
 def _pick_engine(engine: str, device: str) -> str:

@@ -52,6 +52,7 @@ class OrtOptions:
     graph_optimization_level: str = "all"
     opset: int | None = None  # export opset; None: the exporter's default
     cache: bool = True
+    min_run_s: float = 0.0  # a timed sample calls the graph as often as it takes to last this long
 
 
 class OrtCostModel(WholeGraphCostModel):
@@ -61,14 +62,14 @@ class OrtCostModel(WholeGraphCostModel):
 
     def __init__(self, *, device: str | None = None, warmup: int = 3, repeats: int = 10, threads: int | None = None,
                  seed: int = 0, graph_optimization_level: str = "all", opset: int | None = None,
-                 cache: bool = True) -> None:
+                 cache: bool = True, min_run_s: float = 0.0) -> None:
         super().__init__()
         check_counts(warmup, repeats, "the 'ort' cost model", threads=threads)
         if graph_optimization_level not in OPT_LEVELS:
             raise ConfigError(f"unknown graph_optimization_level {graph_optimization_level!r}; "
                               f"choose one of: {', '.join(OPT_LEVELS)}")
         self.options = OrtOptions(_ort_device(device), warmup, repeats, threads, seed, graph_optimization_level, opset,
-                                  cache)
+                                  cache, min_run_s)
         self.cache = cache
         self.providers = _providers(self.options.device)
         self._split_model = AnalyticCostModel(device="cpu" if self.providers[0] == "CPUExecutionProvider" else "h100")
@@ -131,7 +132,8 @@ class OrtCostModel(WholeGraphCostModel):
         run = session_runner(sess, feeds, cuda=cuda)
         # one intra-op thread computes on the caller: its CPU time is what the graph costs, whatever else runs
         return time_callable(run, warmup=self.options.warmup, repeats=self.options.repeats,
-                             clock=calling_thread_clock(not cuda, self.options.threads))
+                             clock=calling_thread_clock(not cuda, self.options.threads),
+                             min_run_s=self.options.min_run_s)
 
 
 def _open_session(model: Any, so: Any, providers: list[str], external: Any = None) -> onnxruntime.InferenceSession:
