@@ -369,3 +369,14 @@ def test_the_guards_samples_last_long_enough_for_a_fast_graph() -> None:
     finally:
         timing._calls_per_sample = real
     assert calls == [GUARD_TIMING["min_run_s"]]
+
+
+def test_sizing_the_samples_takes_no_call_beyond_the_warm_up() -> None:
+    from xrl.cost.timing import time_callable
+
+    calls = []
+    time_callable(lambda: calls.append(1), warmup=1, repeats=3, min_run_s=1e-9)
+    assert len(calls) == 1 + 3  # the warm-up call is the one timed to size each sample (one call here)
+    calls.clear()
+    time_callable(lambda: calls.append(1), warmup=0, repeats=3, min_run_s=1e-9)
+    assert len(calls) == 1 + 3  # without a warm-up, one call sizes them
