@@ -170,13 +170,18 @@ def test_parsed_rules_come_from_the_cache_and_a_changed_file_is_parsed_again(tmp
     assert [r.name for r in again] == ["relu_relu"] and len(parses) == 2
 
 
-def test_a_damaged_cache_file_is_parsed_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _cached_rule_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list, Path]:
+    """RULE's file parsed once with the cache on in a private folder: (the rule files, the cache file written)."""
     monkeypatch.setenv("XRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("XRL_NO_RULE_CACHE", raising=False)
-    d = _rules_dir(tmp_path, RULE)
-    files = rules.rule_files([d])
+    files = rules.rule_files([_rules_dir(tmp_path, RULE)])
     rules._parsed_cached(files)
     (path,) = (tmp_path / "cache" / rules.PARSED_DIR).glob("*.pickle")
+    return files, path
+
+
+def test_a_damaged_cache_file_is_parsed_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files, path = _cached_rule_file(tmp_path, monkeypatch)
     path.write_bytes(path.read_bytes()[:100])  # truncated
     assert [r.name for r in rules._parsed_cached(files)] == ["twice_relu"]
     monkeypatch.setenv("XRL_NO_RULE_CACHE", "1")
@@ -190,12 +195,7 @@ def test_a_planted_cache_file_is_never_unpickled(tmp_path: Path, monkeypatch: py
     that would run `boom` when loaded, with the plain content key a reader can compute) is parsed afresh instead."""
     import pickle
 
-    monkeypatch.setenv("XRL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("XRL_NO_RULE_CACHE", raising=False)
-    d = _rules_dir(tmp_path, RULE)
-    files = rules.rule_files([d])
-    rules._parsed_cached(files)
-    (path,) = (tmp_path / "cache" / rules.PARSED_DIR).glob("*.pickle")
+    files, path = _cached_rule_file(tmp_path, monkeypatch)
     ran = []
 
     class Boom:
@@ -352,22 +352,19 @@ def test_a_transformer_pass_is_not_run_alone_for_the_guard_on_a_model_without_tr
     assert prepass.PASSES["onnxscript"].peer_skip is prepass.transformer_ops_missing
 
 
-def test_the_guards_samples_last_long_enough_for_a_fast_graph() -> None:
+def test_the_guards_samples_last_long_enough_for_a_fast_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 0.1 ms graph timed one call a sample measured an A/A spread of 18% over 20 rounds and nothing was
     written: the guard's samples call it until each lasts about 20 ms (bert-base: one call)."""
+    import xrl.cost.timing as timing
     from xrl.deploy.deployment import GUARD_TIMING, measure_model
 
     assert GUARD_TIMING["min_run_s"] >= 0.01
     timer = measure_model("ort", "cpu", threads=1, **GUARD_TIMING)
     calls = []
-    import xrl.cost.timing as timing
-
     real = timing._calls_per_sample
-    try:
-        timing._calls_per_sample = lambda fn, sync, min_run_s: calls.append(min_run_s) or real(fn, sync, min_run_s)
-        timer.remeasure(chain("mlp", 2))
-    finally:
-        timing._calls_per_sample = real
+    monkeypatch.setattr(timing, "_calls_per_sample",
+                        lambda fn, sync, min_run_s: calls.append(min_run_s) or real(fn, sync, min_run_s))
+    timer.remeasure(chain("mlp", 2))
     assert calls == [GUARD_TIMING["min_run_s"]]
 
 
